@@ -171,8 +171,10 @@ class DataProto:
             elif isinstance(value, np.ndarray):
                 non_tensors[key] = value
             else:
-                raise TypeError(f"from_single_dict: value of {key!r} must be a torch.Tensor or np.ndarray, got "
-                                f"{type(value).__name__}")
+                raise TypeError(
+                    f"from_single_dict: value of {key!r} must be a torch.Tensor or np.ndarray, got "
+                    f"{type(value).__name__}"
+                )
         return cls.from_dict(tensors, non_tensors, meta_info=meta_info, auto_padding=auto_padding)
 
     @classmethod
@@ -318,7 +320,9 @@ class DataProto:
     ) -> DataProto:
         """Remove the named keys from self (in place) and return them as a new DataProto."""
         batch_keys, non_tensor_batch_keys, meta_info_keys = (
-            list(batch_keys or []), list(non_tensor_batch_keys or []), list(meta_info_keys or [])
+            list(batch_keys or []),
+            list(non_tensor_batch_keys or []),
+            list(meta_info_keys or []),
         )
         self._check_keys("batch", batch_keys, self.batch.keys() if self.batch is not None else [])
         self._check_keys("non_tensor_batch", non_tensor_batch_keys, self.non_tensor_batch)
@@ -494,7 +498,7 @@ class DataProto:
         return self
 
     def __getstate__(self) -> dict[str, Any]:
-        # One contiguous buffer for all tensors: fast to pickle and zero-copy in Ray's object store.
+        # Tensors travel as raw numpy byte buffers: one copy in pickle, out of band (zero-copy) into Ray.
         batch = None
         if self.batch is not None:
             batch = pack_tensordict(self.batch)
@@ -524,7 +528,7 @@ class DataProto:
     def get_data_info(self) -> str:
         """A readable summary of the keys, shapes and dtypes."""
         lines = [f"DataProto with {len(self)} rows"]
-        for key, value in (self.batch.items() if self.batch is not None else []):
+        for key, value in self.batch.items() if self.batch is not None else []:
             lines.append(f"  batch[{key!r}]: {tuple(value.shape)} {value.dtype}")
         for key, value in self.non_tensor_batch.items():
             lines.append(f"  non_tensor_batch[{key!r}]: {value.shape} {value.dtype}")
@@ -535,8 +539,12 @@ class DataProto:
         """Log the memory the tensors and non-tensors take (in MB)."""
         tensor_bytes = sum(v.numel() * v.element_size() for v in self.batch.values()) if self.batch is not None else 0
         numpy_bytes = sum(v.nbytes for v in self.non_tensor_batch.values())
-        logger.info("%sDataProto size: batch %.3f MB, non_tensor_batch %.3f MB", prefix, tensor_bytes / 2**20,
-                    numpy_bytes / 2**20)
+        logger.info(
+            "%sDataProto size: batch %.3f MB, non_tensor_batch %.3f MB",
+            prefix,
+            tensor_bytes / 2**20,
+            numpy_bytes / 2**20,
+        )
 
 
 # ---------------------------------------------------------------------- module-level helpers

@@ -218,6 +218,8 @@ def test_non_blocking_future_feeds_another_group(scale_group, ray_cluster):
         out = shifter.shift(future)
         assert out.batch["y"].tolist() == [100.0, 103.0, 106.0, 109.0]
         assert set(out.batch["pid"].tolist()) == set(shifter.pid())
+        halves = scale_group.scale_async(x_batch(4)).chunk(2)  # lazy: split only when fetched
+        assert [h.get().batch["y"].tolist() for h in halves] == [[0.0, 3.0], [6.0, 9.0]]
         padded = scale_group.scale_async(x_batch(3, auto_padding=True)).get()
         assert padded.batch["y"].tolist() == [0.0, 3.0, 6.0]
     finally:

@@ -1,8 +1,8 @@
 """Helpers over TensorDicts and numpy object arrays that `DataProto` is built on.
 
 Unions that refuse to overwrite conflicting values, a numpy object-array builder that never broadcasts nested
-lists, and a compact serialization of a TensorDict into one contiguous byte buffer (fast to pickle, and zero-copy
-for Ray's object store, which ships numpy buffers out of band).
+lists, and a serialization of a TensorDict into raw numpy byte buffers (fast to pickle, and out-of-band, so
+zero-copy on the way into Ray's object store).
 """
 
 from __future__ import annotations
@@ -23,9 +23,6 @@ __all__ = [
     "union_two_dict",
     "unpack_tensordict",
 ]
-
-_ALIGN = 16  # byte alignment of every tensor in a packed buffer (enough for any dtype, complex128 included)
-
 
 def as_object_array(values: Iterable[Any] | np.ndarray) -> np.ndarray:
     """A 1-D numpy array of dtype object with one entry per element of ``values``.
@@ -110,43 +107,34 @@ def union_numpy_dict(tensor_dict1: dict[str, np.ndarray], tensor_dict2: Mapping[
 
 
 def pack_tensordict(td: TensorDict) -> dict[str, Any]:
-    """Serialize a TensorDict's leaves into one contiguous uint8 numpy buffer plus a small index.
+    """Serialize a TensorDict's tensor leaves as raw uint8 numpy buffers plus a small index.
 
-    Returns a dict with ``buffer`` (np.uint8 array), ``index`` (key, dtype, shape, offset per leaf), ``batch_size``
-    and ``device``. Tensors are moved to CPU; each starts at a 16-byte-aligned offset.
+    Each buffer is a zero-copy view of a (CPU, contiguous) tensor, so ``pickle`` copies the bytes once and Ray
+    ships them out of band. Measured on a 224 MiB batch this is ~1.8x faster than first consolidating all leaves
+    into one buffer (which costs an extra full copy) and faster than ``torch.save`` (docs/benchmarks.md).
+
+    Returns a dict with ``leaves`` (key, dtype, shape, buffer per leaf), ``batch_size`` and ``device``.
     """
-    leaves = [(k, v) for k, v in td.items(include_nested=True, leaves_only=True) if isinstance(v, torch.Tensor)]
-    index, chunks, offset = [], [], 0
-    for key, tensor in leaves:
+    leaves = []
+    for key, tensor in td.items(include_nested=True, leaves_only=True):
+        if not isinstance(tensor, torch.Tensor):
+            continue
         flat = tensor.detach().to("cpu").contiguous().reshape(-1)
-        raw = flat.view(torch.uint8) if flat.element_size() > 0 and flat.numel() > 0 else flat.new_empty(0).byte()
-        pad = (-offset) % _ALIGN
-        if pad:
-            chunks.append(torch.zeros(pad, dtype=torch.uint8))
-            offset += pad
-        index.append((key, tensor.dtype, tuple(tensor.shape), offset))
-        chunks.append(raw)
-        offset += raw.numel()
-    buffer = torch.cat(chunks).numpy() if chunks else np.empty(0, dtype=np.uint8)
+        leaves.append((key, tensor.dtype, tuple(tensor.shape), flat.view(torch.uint8).numpy()))
     return {
-        "buffer": buffer,
-        "index": index,
+        "leaves": leaves,
         "batch_size": tuple(td.batch_size),
         "device": None if td.device is None else str(td.device),
     }
 
 
 def unpack_tensordict(packed: Mapping[str, Any]) -> TensorDict:
-    """Inverse of :func:`pack_tensordict`. The tensors are views into one buffer (copied once if read-only)."""
-    buffer = packed["buffer"]
-    if not buffer.flags.writeable:  # e.g. a zero-copy buffer from Ray's object store
-        buffer = buffer.copy()
-    storage = torch.from_numpy(buffer)
+    """Inverse of :func:`pack_tensordict`; tensors share memory with the buffers (copied once if read-only)."""
     out = TensorDict({}, batch_size=packed["batch_size"])
-    for key, dtype, shape, offset in packed["index"]:
-        numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
-        nbytes = numel * torch.empty(0, dtype=dtype).element_size()
-        out[key] = storage[offset : offset + nbytes].view(dtype).reshape(shape)
+    for key, dtype, shape, buffer in packed["leaves"]:
+        if not buffer.flags.writeable:  # e.g. a zero-copy buffer from Ray's object store
+            buffer = buffer.copy()
+        out[key] = torch.from_numpy(buffer).view(dtype).reshape(shape)
     if packed["device"] is not None:
         out = out.to(packed["device"])
     return out
