@@ -67,8 +67,8 @@ def main() -> None:
 
     saved = torch_save()
     rows = [
-        ("chunk into %d" % args.chunks, timed(lambda: data.chunk(args.chunks), args.repeats), False),
-        ("concat %d chunks" % args.chunks, timed(lambda: DataProto.concat(parts), args.repeats), True),
+        (f"chunk into {args.chunks}", timed(lambda: data.chunk(args.chunks), args.repeats), False),
+        (f"concat {args.chunks} chunks", timed(lambda: DataProto.concat(parts), args.repeats), True),
         ("pickle.dumps(DataProto)", timed(lambda: pickle.dumps(data, protocol=5), args.repeats), True),
         ("pickle.loads(DataProto)", timed(lambda: pickle.loads(blob), args.repeats), True),
         ("torch.save(dict) [baseline]", timed(torch_save, args.repeats), True),
@@ -77,8 +77,7 @@ def main() -> None:
     if not args.no_ray:
         import ray
 
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,
-                 object_store_memory=max(4 * payload, 2**30))
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, object_store_memory=max(4 * payload, 2**30))
 
         def ray_round_trip() -> None:
             ray.get(ray.put(data))
@@ -87,9 +86,11 @@ def main() -> None:
         rows.append(("ray.put + ray.get(dict) [baseline]", timed(lambda: ray.get(ray.put(plain)), args.repeats), True))
         ray.shutdown()
 
-    print(f"# bench_protocol: {args.rows} x {args.cols} batch, {payload / 2**20:.0f} MiB of tensors, "
-          f"{len(data.non_tensor_batch['uid'])} uids; torch {torch.__version__}, {os.cpu_count()} CPUs, "
-          f"{platform.processor() or platform.machine()}; median of {args.repeats}")
+    print(
+        f"# bench_protocol: {args.rows} x {args.cols} batch, {payload / 2**20:.0f} MiB of tensors, "
+        f"{len(data.non_tensor_batch['uid'])} uids; torch {torch.__version__}, {os.cpu_count()} CPUs, "
+        f"{platform.processor() or platform.machine()}; median of {args.repeats}"
+    )
     print(f"{'operation':38s} {'seconds':>9s} {'GB/s':>8s}")
     for name, seconds, moves_payload in rows:
         rate = f"{payload / seconds / 1e9:8.2f}" if moves_payload else f"{'-':>8s}"

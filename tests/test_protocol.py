@@ -123,7 +123,9 @@ def test_pickle_roundtrip_keeps_everything(n):
 
 def test_pickle_of_views_and_empty_tensors():
     base = torch.arange(20.0).reshape(4, 5)
-    data = DataProto.from_dict({"view": base[:, ::2], "empty": torch.zeros(4, 0), "flag": torch.ones(4, dtype=torch.bool)})
+    data = DataProto.from_dict(
+        {"view": base[:, ::2], "empty": torch.zeros(4, 0), "flag": torch.ones(4, dtype=torch.bool)}
+    )
     restored = pickle.loads(pickle.dumps(data))
     assert torch.equal(restored.batch["view"], base[:, ::2])
     assert restored.batch["empty"].shape == (4, 0)
@@ -135,7 +137,8 @@ def test_pickle_of_views_and_empty_tensors():
 def test_union_of_disjoint_and_equal_keys(n):
     data = make_batch(n)
     other = DataProto.from_dict(
-        {"row": torch.arange(n), "y": torch.ones(n)}, {"uid": [f"u{i}" for i in range(n)], "new": list(range(n))},
+        {"row": torch.arange(n), "y": torch.ones(n)},
+        {"uid": [f"u{i}" for i in range(n)], "new": list(range(n))},
         meta_info={"temperature": 1.0, "step": 3},
     )
     data.union(other)
@@ -261,11 +264,15 @@ def test_reorder_sample_level_repeat_split():
 
 def test_make_iterator_covers_each_row_once_per_epoch():
     data = make_batch(8)
-    seen = [list(mb.batch["row"].tolist()) for mb in data.make_iterator(4, epochs=2, seed=3,
-                                                                         dataloader_kwargs={"shuffle": True})]
+    seen = [
+        list(mb.batch["row"].tolist())
+        for mb in data.make_iterator(4, epochs=2, seed=3, dataloader_kwargs={"shuffle": True})
+    ]
     assert len(seen) == 4
     assert sorted(seen[0] + seen[1]) == list(range(8)) and sorted(seen[2] + seen[3]) == list(range(8))
-    again = [list(mb.batch["row"].tolist()) for mb in data.make_iterator(4, 2, seed=3, dataloader_kwargs={"shuffle": True})]
+    again = [
+        list(mb.batch["row"].tolist()) for mb in data.make_iterator(4, 2, seed=3, dataloader_kwargs={"shuffle": True})
+    ]
     assert again == seen  # seeded
     assert [list(mb.batch["row"].tolist()) for mb in data.make_iterator(4, 1)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     with pytest.raises(ValueError, match="do not divide"):

@@ -119,9 +119,7 @@ def _build_dataclass(cls: type[T], values: collections.abc.Mapping, path: str) -
     unknown = sorted(str(k) for k in values if k not in fields and k != "_target_")
     if unknown:
         where = f" under {path!r}" if path else ""
-        raise ValueError(
-            f"unknown config key(s) {unknown}{where} for {cls.__name__}; valid keys: {sorted(fields)}"
-        )
+        raise ValueError(f"unknown config key(s) {unknown}{where} for {cls.__name__}; valid keys: {sorted(fields)}")
     kwargs = {}
     for name, value in values.items():
         if name == "_target_":

@@ -24,6 +24,7 @@ __all__ = [
     "unpack_tensordict",
 ]
 
+
 def as_object_array(values: Iterable[Any] | np.ndarray) -> np.ndarray:
     """A 1-D numpy array of dtype object with one entry per element of ``values``.
 

@@ -204,8 +204,10 @@ def collect_dp_compute_data_proto(worker_group, output):
         return DataProtoFuture.concat(output)
     for rank, o in enumerate(output):
         if not isinstance(o, DataProto):
-            raise TypeError(f"rank {rank} of worker group {_group_label(worker_group)!r} returned "
-                            f"{type(o).__name__}, expected a DataProto")
+            raise TypeError(
+                f"rank {rank} of worker group {_group_label(worker_group)!r} returned "
+                f"{type(o).__name__}, expected a DataProto"
+            )
     return DataProto.concat(list(output))
 
 
@@ -355,8 +357,9 @@ def register(
                     kwargs = {k: _materialize(v) for k, v in kwargs.items()}
                 return func(*args, **kwargs)
 
-        setattr(wrapper, MAGIC_ATTR, {"dispatch_mode": dispatch_mode, "execute_mode": execute_mode,
-                                      "blocking": blocking})
+        setattr(
+            wrapper, MAGIC_ATTR, {"dispatch_mode": dispatch_mode, "execute_mode": execute_mode, "blocking": blocking}
+        )
         return wrapper
 
     return decorator

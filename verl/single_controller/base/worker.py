@@ -96,8 +96,9 @@ class Worker:
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def _query_dispatch_info(self, mesh_name: str) -> int:
         if mesh_name not in self._dispatch_dp_rank:
-            raise ValueError(f"rank {self.rank} has not registered mesh {mesh_name!r}; known: "
-                             f"{sorted(self._dispatch_dp_rank)}")
+            raise ValueError(
+                f"rank {self.rank} has not registered mesh {mesh_name!r}; known: {sorted(self._dispatch_dp_rank)}"
+            )
         return self._dispatch_dp_rank[mesh_name]
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -29,8 +29,9 @@ class ResourcePool:
         n_gpus_per_node: devices per node (bookkeeping for GPU clusters).
     """
 
-    def __init__(self, process_on_nodes: list[int] | None = None, max_colocate_count: int = 10,
-                 n_gpus_per_node: int = 8) -> None:
+    def __init__(
+        self, process_on_nodes: list[int] | None = None, max_colocate_count: int = 10, n_gpus_per_node: int = 8
+    ) -> None:
         process_on_nodes = list(process_on_nodes or [])
         if any(int(n) < 0 for n in process_on_nodes):
             raise ValueError(f"process_on_nodes must be non-negative counts, got {process_on_nodes}")
@@ -135,9 +136,7 @@ class WorkerGroup:
             if dispatch_mode is Dispatch.RANK_ZERO:  # RANK_ZERO dispatch always runs on rank 0 alone
                 execute_mode = Execute.RANK_ZERO
             execute_name = get_predefined_execute_fn(execute_mode)["execute_fn_name"]
-            method = func_generator(
-                self, name, fns["dispatch_fn"], fns["collect_fn"], execute_name, attrs["blocking"]
-            )
+            method = func_generator(self, name, fns["dispatch_fn"], fns["collect_fn"], execute_name, attrs["blocking"])
             setattr(self, name, method)
             self._bound_methods.add(name)
             bound.append(name)

@@ -89,8 +89,9 @@ class RayResourcePool(ResourcePool):
                 bundle[f"accelerator_type:{self.accelerator_type}"] = 1e-4
         return bundle
 
-    def get_placement_groups(self, strategy: str = "STRICT_PACK", name: str | None = None,
-                             device_name: str | None = None) -> list[PlacementGroup]:
+    def get_placement_groups(
+        self, strategy: str = "STRICT_PACK", name: str | None = None, device_name: str | None = None
+    ) -> list[PlacementGroup]:
         """Create (once) and return the placement groups, waiting at most ``placement_group_timeout_s``."""
         if self.pgs is not None:
             return self.pgs
@@ -100,8 +101,9 @@ class RayResourcePool(ResourcePool):
         bundle = self.bundle()
         lifetime = "detached" if self.detached else None
         pgs = [
-            placement_group([dict(bundle) for _ in range(count)], strategy=strategy, name=f"{prefix}_{i}",
-                            lifetime=lifetime)
+            placement_group(
+                [dict(bundle) for _ in range(count)], strategy=strategy, name=f"{prefix}_{i}", lifetime=lifetime
+            )
             for i, count in enumerate(self._store)
             if count > 0
         ]
@@ -148,9 +150,17 @@ class RayClassWithInitArgs(ClassWithInitArgs):
         """Extra ``.options(...)`` for every actor (e.g. ``runtime_env``, ``max_concurrency``)."""
         self._options.update(options)
 
-    def __call__(self, placement_group: PlacementGroup, placement_group_bundle_idx: int, use_gpu: bool = True,
-                 num_gpus: float = 1, num_cpus: float = 1, env_vars: dict[str, str] | None = None,
-                 name: str | None = None, detached: bool = False) -> Any:
+    def __call__(
+        self,
+        placement_group: PlacementGroup,
+        placement_group_bundle_idx: int,
+        use_gpu: bool = True,
+        num_gpus: float = 1,
+        num_cpus: float = 1,
+        env_vars: dict[str, str] | None = None,
+        name: str | None = None,
+        detached: bool = False,
+    ) -> Any:
         options: dict[str, Any] = {
             "scheduling_strategy": PlacementGroupSchedulingStrategy(
                 placement_group=placement_group, placement_group_bundle_index=placement_group_bundle_idx
@@ -245,19 +255,36 @@ class RayWorkerGroup(WorkerGroup):
                     "WG_BACKEND": "ray",
                 }
                 name = f"{self.name_prefix}{cls_with_init.user_cls.__name__}_{pg_idx}:{local_rank}"
-                actor = cls_with_init(pg, local_rank, use_gpu=use_gpu, num_gpus=share, num_cpus=share,
-                                      env_vars=env_vars, name=name, detached=self._detached)
+                actor = cls_with_init(
+                    pg,
+                    local_rank,
+                    use_gpu=use_gpu,
+                    num_gpus=share,
+                    num_cpus=share,
+                    env_vars=env_vars,
+                    name=name,
+                    detached=self._detached,
+                )
                 self._workers.append(actor)
                 self._worker_names.append(name)
                 rank += 1
 
     @classmethod
-    def from_detached(cls, name_prefix: str | None = None, worker_names: list[str] | None = None,
-                      worker_handles: list[Any] | None = None,
-                      ray_cls_with_init: RayClassWithInitArgs | None = None) -> RayWorkerGroup:
+    def from_detached(
+        cls,
+        name_prefix: str | None = None,
+        worker_names: list[str] | None = None,
+        worker_handles: list[Any] | None = None,
+        ray_cls_with_init: RayClassWithInitArgs | None = None,
+    ) -> RayWorkerGroup:
         """A group over existing (e.g. detached) actors, found by name or given as handles."""
-        return cls(resource_pool=None, ray_cls_with_init=ray_cls_with_init, name_prefix=name_prefix,
-                   worker_names=worker_names, worker_handles=worker_handles)
+        return cls(
+            resource_pool=None,
+            ray_cls_with_init=ray_cls_with_init,
+            name_prefix=name_prefix,
+            worker_names=worker_names,
+            worker_handles=worker_handles,
+        )
 
     def spawn(self, prefix_set: set[str] | list[str]) -> dict[str, RayWorkerGroup]:
         """For a group of fused roles (`create_colocated_worker_cls`), one group per role over the same actors,
@@ -275,7 +302,7 @@ class RayWorkerGroup(WorkerGroup):
             if not names:
                 raise ValueError(f"no methods of role {prefix!r} on worker group {self.name_prefix!r}")
             for full in names:
-                setattr(group, full[len(start):], getattr(group, full))
+                setattr(group, full[len(start) :], getattr(group, full))
             spawned[prefix] = group
         return spawned
 
@@ -314,8 +341,9 @@ class RayWorkerGroup(WorkerGroup):
     execute_rank_zero = execute_rank_zero_async
 
     def execute_all_sync(self, method_name: str, *args, **kwargs) -> list[Any]:
-        return self._wait(self.execute_all_async(method_name, *args, **kwargs), method_name,
-                          list(range(len(self._workers))))
+        return self._wait(
+            self.execute_all_async(method_name, *args, **kwargs), method_name, list(range(len(self._workers)))
+        )
 
     def execute_rank_zero_sync(self, method_name: str, *args, **kwargs) -> Any:
         return self._wait(self.execute_rank_zero_async(method_name, *args, **kwargs), method_name, [0])
