@@ -39,3 +39,11 @@ def ray_cluster():
         )
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    """A tiny Qwen2 saved as a HF folder (hidden 128, 4 heads, 2 layers, vocab 256; eos 1, pad 0)."""
+    from verl.utils.tiny_model import save_tiny_qwen2
+
+    return save_tiny_qwen2(tmp_path_factory.mktemp("models") / "tiny_qwen2", seed=0)
