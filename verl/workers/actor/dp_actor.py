@@ -1,0 +1,227 @@
+"""`DataParallelPPOActor`: log-probs and the PPO policy update over a data-parallel (FSDP) policy model.
+
+The actor sees this rank's share of a batch. ``update_policy`` walks ``ppo_epochs`` × mini-batches × micro-batches,
+accumulating gradients over the micro-batches of a mini-batch and stepping the optimizer once per mini-batch. Loss
+aggregation gets the *global* token and sequence counts of the mini-batch (summed over the data-parallel ranks), so
+the gradient does not depend on how the batch was split over ranks and micro-batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections import defaultdict
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from verl.protocol import DataProto
+from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
+from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+
+__all__ = ["DataParallelPPOActor", "clip_grad_norm_and_step", "global_counts"]
+
+logger = logging.getLogger(__name__)
+
+
+def _get(config: Any, key: str, default: Any = None) -> Any:
+    value = config.get(key, default) if hasattr(config, "get") else getattr(config, key, default)
+    return default if value is None else value
+
+
+def global_counts(response_mask: torch.Tensor) -> tuple[float, float, int]:
+    """(valid tokens, sequences with a valid token) of ``response_mask`` summed over all ranks, and the dp size."""
+    local = torch.stack([response_mask.sum(), (response_mask.sum(-1) > 0).sum()]).to(torch.float64).cpu()
+    dp_size = 1
+    if dist.is_available() and dist.is_initialized():
+        dp_size = dist.get_world_size()
+        dist.all_reduce(local)
+    return float(local[0]), float(local[1]), dp_size
+
+
+def clip_grad_norm_and_step(module: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> float:
+    """Clip the gradients to ``max_norm`` and step; a non-finite norm skips the step (gradients are dropped).
+
+    Returns the total gradient norm before clipping.
+    """
+    grad_norm = torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm=max_norm)
+    if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2
+        grad_norm = grad_norm.full_tensor()
+    norm = float(grad_norm)
+    if math.isfinite(norm):
+        optimizer.step()
+    else:
+        logger.warning("grad norm is %s: skipping this optimizer step", norm)
+    optimizer.zero_grad(set_to_none=True)
+    return norm
+
+
+class DataParallelPPOActor:
+    """The PPO actor on one data-parallel rank.
+
+    Args:
+        config: the actor config (``ActorConfig`` or a mapping with the same keys). Per-rank sizes are read from
+            ``ppo_mini_batch_size_per_rank`` (derived by the worker: ppo_mini_batch_size × rollout.n ÷ dp) and
+            ``ppo_micro_batch_size_per_gpu``.
+        actor_module: the policy model (a HF causal LM, typically FSDP2-sharded).
+        actor_optimizer: its optimizer; needed for ``update_policy`` only.
+    """
+
+    def __init__(
+        self, config: Any, actor_module: torch.nn.Module, actor_optimizer: torch.optim.Optimizer | None = None
+    ):
+        self.config = config
+        self.actor_module = actor_module
+        self.actor_optimizer = actor_optimizer
+
+    # ------------------------------------------------------------------ forward
+    def _forward_micro_batch(
+        self, micro_batch: DataProto, temperature: float, calculate_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (and entropy) of the response tokens. Shape: (micro_bs, response_length) each."""
+        batch = micro_batch.batch
+        responses = batch["responses"]
+        response_length = responses.shape[-1]
+        output = self.actor_module(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+            use_cache=False,
+        )
+        logits = output.logits[:, -response_length - 1 : -1, :]
+        if temperature != 1.0:
+            logits = logits / temperature
+        log_probs = logprobs_from_logits(logits, responses)
+        entropy = entropy_from_logits(logits) if calculate_entropy else None
+        return log_probs, entropy
+
+    def _micro_batches(self, data: DataProto, size: int) -> list[DataProto]:
+        if size is None or size <= 0:
+            raise ValueError(f"micro-batch size must be a positive integer, got {size!r}")
+        return data.split(size)
+
+    @torch.no_grad()
+    def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs of ``data``'s responses under the current policy.
+
+        Reads ``meta_info["micro_batch_size"]`` (default ``rollout.log_prob_micro_batch_size_per_gpu`` via the
+        worker) and ``meta_info["temperature"]`` (default 1.0).
+
+        Returns:
+            ``(log_probs, entropys)``, each (bs, response_length); ``entropys`` is None unless asked for.
+        """
+        micro_size = data.meta_info.get("micro_batch_size") or len(data)
+        temperature = float(data.meta_info.get("temperature", 1.0))
+        keys = ["responses", "input_ids", "attention_mask", "position_ids"]
+        self.actor_module.eval()
+        log_probs, entropys = [], []
+        for micro in self._micro_batches(data.select(batch_keys=keys), micro_size):
+            lp, ent = self._forward_micro_batch(micro, temperature, calculate_entropy)
+            log_probs.append(lp)
+            if ent is not None:
+                entropys.append(ent)
+        if hasattr(self.actor_module, "reshard"):  # FSDP2: free the gathered params after a no-grad pass
+            self.actor_module.reshard()
+        return torch.cat(log_probs), (torch.cat(entropys) if calculate_entropy else None)
+
+    # ------------------------------------------------------------------ update
+    def update_policy(self, data: DataProto) -> dict[str, list[float]]:
+        """``ppo_epochs`` passes of mini-batch SGD on ``data`` (this rank's share). Returns ``actor/*`` metrics as
+        lists (one entry per mini-batch; the driver averages them over ranks)."""
+        if self.actor_optimizer is None:
+            raise RuntimeError("update_policy needs an optimizer: this actor was built for inference only")
+        cfg = self.config
+        temperature = float(data.meta_info.get("temperature", 1.0))
+        mini_size = int(_get(cfg, "ppo_mini_batch_size_per_rank", len(data)))
+        micro_size = int(_get(cfg, "ppo_micro_batch_size_per_gpu", mini_size))
+        if len(data) % mini_size:
+            raise ValueError(
+                f"this rank holds {len(data)} samples, not a multiple of its mini-batch of {mini_size} "
+                "(actor.ppo_mini_batch_size × rollout.n ÷ data-parallel size)"
+            )
+        keys = [
+            "responses",
+            "response_mask",
+            "input_ids",
+            "attention_mask",
+            "position_ids",
+            "old_log_probs",
+            "advantages",
+        ]
+        use_kl_loss = bool(_get(cfg, "use_kl_loss", False))
+        if use_kl_loss:
+            keys.append("ref_log_prob")
+        if "rollout_is_weights" in data.batch.keys():
+            keys.append("rollout_is_weights")
+        missing = [k for k in keys if k not in data.batch.keys()]
+        if missing:
+            raise KeyError(f"update_policy needs batch keys {missing}")
+        data = data.select(batch_keys=keys)
+        loss_mode = _get(_get(cfg, "policy_loss", {}), "loss_mode", "vanilla")
+        policy_loss_fn = get_policy_loss_fn(loss_mode)
+        loss_agg_mode = _get(cfg, "loss_agg_mode", "token-mean")
+        entropy_coeff = float(_get(cfg, "entropy_coeff", 0.0))
+        calculate_entropy = entropy_coeff != 0 or bool(_get(cfg, "calculate_entropy", False))
+        grad_clip = float(_get(cfg, "grad_clip", 1.0))
+        shuffle = bool(_get(cfg, "shuffle", False))
+        seed = int(_get(cfg, "data_loader_seed", 42))
+
+        metrics: dict[str, list[float]] = defaultdict(list)
+        self.actor_module.train()
+        for epoch in range(int(_get(cfg, "ppo_epochs", 1))):
+            order = data
+            if shuffle:
+                generator = torch.Generator().manual_seed(seed + epoch)
+                order = data.select_idxs(torch.randperm(len(data), generator=generator))
+            for mini_batch in order.split(mini_size):
+                tokens, seqs, dp_size = global_counts(mini_batch.batch["response_mask"])
+                batch_info = {"dp_size": dp_size, "batch_num_tokens": tokens, "global_batch_size": seqs}
+                loss_config = self._with_batch_info(batch_info)
+                local_tokens = max(float(mini_batch.batch["response_mask"].sum()), 1.0)
+                sums: dict[str, float] = defaultdict(float)
+                for micro in mini_batch.split(micro_size):
+                    mb = micro.batch
+                    mask = mb["response_mask"]
+                    log_prob, entropy = self._forward_micro_batch(micro, temperature, calculate_entropy)
+                    pg_loss, pg_metrics = policy_loss_fn(
+                        old_log_prob=mb["old_log_probs"],
+                        log_prob=log_prob,
+                        advantages=mb["advantages"],
+                        response_mask=mask,
+                        loss_agg_mode=loss_agg_mode,
+                        config=loss_config,
+                        rollout_is_weights=mb["rollout_is_weights"] if "rollout_is_weights" in mb.keys() else None,
+                    )
+                    loss = pg_loss
+                    sums["actor/pg_loss"] += float(pg_loss.detach())
+                    if entropy is not None:
+                        entropy_loss = agg_loss(entropy, mask, loss_agg_mode, **batch_info)
+                        sums["actor/entropy"] += float(entropy_loss.detach())
+                        loss = loss - entropy_coeff * entropy_loss
+                    if use_kl_loss:
+                        kld = kl_penalty(log_prob, mb["ref_log_prob"], _get(cfg, "kl_loss_type", "low_var_kl"))
+                        kl_loss = agg_loss(kld, mask, loss_agg_mode, **batch_info)
+                        loss = loss + float(_get(cfg, "kl_loss_coef", 0.001)) * kl_loss
+                        sums["actor/kl_loss"] += float(kl_loss.detach())
+                    loss.backward()
+                    for key, value in pg_metrics.items():  # per-token rates: weight micro-batches by their tokens
+                        sums[key] += float(value) * float(mask.sum()) / local_tokens
+                grad_norm = clip_grad_norm_and_step(self.actor_module, self.actor_optimizer, grad_clip)
+                for key, value in sums.items():
+                    metrics[key].append(value)
+                metrics["actor/grad_norm"].append(grad_norm)
+                if use_kl_loss:
+                    metrics["actor/kl_coef"].append(float(_get(cfg, "kl_loss_coef", 0.001)))
+        return dict(metrics)
+
+    def _with_batch_info(self, batch_info: dict[str, Any]) -> Any:
+        """The config with ``global_batch_info`` set for one mini-batch (a new frozen config, or a dict copy)."""
+        if dataclasses.is_dataclass(self.config) and "global_batch_info" in {
+            f.name for f in dataclasses.fields(self.config)
+        }:
+            return dataclasses.replace(self.config, global_batch_info=batch_info)
+        as_dict = dict(self.config)
+        as_dict["global_batch_info"] = batch_info
+        return as_dict
