@@ -47,6 +47,7 @@ def build_tiny_qwen2(seed: int = 0, value_head: bool = False, **overrides: Any) 
         torch.manual_seed(seed)
         if value_head:
             config.num_labels = 1
+            config.classifier_dropout = 0.0  # a value head must be deterministic in train mode
             return Qwen2ForTokenClassification(config)
         return Qwen2ForCausalLM(config)
 

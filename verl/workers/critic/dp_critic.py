@@ -1,0 +1,123 @@
+"""`DataParallelPPOCritic`: value predictions and the clipped value-loss update over a data-parallel value model.
+
+The value model is a LM backbone with a scalar head (e.g. ``AutoModelForTokenClassification`` with one label); the
+value of response token ``t`` is read at the position before it, like the policy's log-prob.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+from verl.protocol import DataProto
+from verl.trainer.ppo.core_algos import compute_value_loss
+from verl.utils.torch_functional import masked_mean
+from verl.workers.actor.dp_actor import _get, clip_grad_norm_and_step, global_counts
+
+__all__ = ["DataParallelPPOCritic"]
+
+
+class DataParallelPPOCritic:
+    """The PPO critic on one data-parallel rank.
+
+    Args:
+        config: the critic config (``CriticConfig`` or a mapping): ``ppo_mini_batch_size_per_rank`` (derived by
+            the worker), ``ppo_micro_batch_size_per_gpu``, ``ppo_epochs``, ``cliprange_value``, ``loss_agg_mode``,
+            ``grad_clip``, ``shuffle``, ``data_loader_seed``.
+        critic_module: the value model.
+        critic_optimizer: its optimizer; needed for ``update_critic`` only.
+    """
+
+    def __init__(
+        self, config: Any, critic_module: torch.nn.Module, critic_optimizer: torch.optim.Optimizer | None = None
+    ):
+        self.config = config
+        self.critic_module = critic_module
+        self.critic_optimizer = critic_optimizer
+
+    def _forward_micro_batch(self, micro_batch: DataProto) -> torch.Tensor:
+        """Values of the response tokens. Shape: (micro_bs, response_length)."""
+        batch = micro_batch.batch
+        response_length = batch["responses"].shape[-1]
+        output = self.critic_module(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+            use_cache=False,
+        )
+        values = output.logits if hasattr(output, "logits") else output[0]
+        if values.dim() == 3:
+            values = values.squeeze(-1)
+        return values[:, -response_length - 1 : -1].float()
+
+    @torch.no_grad()
+    def compute_values(self, data: DataProto) -> torch.Tensor:
+        """Values of ``data``'s response tokens, 0 outside the response mask. Shape: (bs, response_length)."""
+        micro_size = data.meta_info.get("micro_batch_size") or len(data)
+        keys = ["responses", "input_ids", "attention_mask", "position_ids"]
+        self.critic_module.eval()
+        values = torch.cat([self._forward_micro_batch(m) for m in data.select(batch_keys=keys).split(micro_size)])
+        if hasattr(self.critic_module, "reshard"):
+            self.critic_module.reshard()
+        if "response_mask" in data.batch.keys():
+            values = values * data.batch["response_mask"].to(values.dtype)
+        return values
+
+    def update_critic(self, data: DataProto) -> dict[str, list[float]]:
+        """``ppo_epochs`` passes of mini-batch updates of the clipped value loss. Returns ``critic/*`` metrics."""
+        if self.critic_optimizer is None:
+            raise RuntimeError("update_critic needs an optimizer: this critic was built for inference only")
+        cfg = self.config
+        keys = ["responses", "response_mask", "input_ids", "attention_mask", "position_ids", "values", "returns"]
+        missing = [k for k in keys if k not in data.batch.keys()]
+        if missing:
+            raise KeyError(f"update_critic needs batch keys {missing}")
+        data = data.select(batch_keys=keys)
+        mini_size = int(_get(cfg, "ppo_mini_batch_size_per_rank", len(data)))
+        micro_size = int(_get(cfg, "ppo_micro_batch_size_per_gpu", mini_size))
+        if len(data) % mini_size:
+            raise ValueError(
+                f"this rank holds {len(data)} samples, not a multiple of its mini-batch of {mini_size} "
+                "(critic.ppo_mini_batch_size × rollout.n ÷ data-parallel size)"
+            )
+        cliprange_value = float(_get(cfg, "cliprange_value", 0.5))
+        loss_agg_mode = _get(cfg, "loss_agg_mode", "token-mean")
+        metrics: dict[str, list[float]] = defaultdict(list)
+        self.critic_module.train()
+        for epoch in range(int(_get(cfg, "ppo_epochs", 1))):
+            order = data
+            if bool(_get(cfg, "shuffle", False)):
+                generator = torch.Generator().manual_seed(int(_get(cfg, "data_loader_seed", 42)) + epoch)
+                order = data.select_idxs(torch.randperm(len(data), generator=generator))
+            for mini_batch in order.split(mini_size):
+                tokens, seqs, dp_size = global_counts(mini_batch.batch["response_mask"])
+                local_tokens = max(float(mini_batch.batch["response_mask"].sum()), 1.0)
+                sums: dict[str, float] = defaultdict(float)
+                for micro in mini_batch.split(micro_size):
+                    mb = micro.batch
+                    vpreds = self._forward_micro_batch(micro)
+                    vf_loss, vf_clipfrac = compute_value_loss(
+                        vpreds=vpreds,
+                        returns=mb["returns"],
+                        values=mb["values"],
+                        response_mask=mb["response_mask"],
+                        cliprange_value=cliprange_value,
+                        loss_agg_mode=loss_agg_mode,
+                        dp_size=dp_size,
+                        batch_num_tokens=tokens,
+                        global_batch_size=seqs,
+                    )
+                    vf_loss.backward()
+                    weight = float(mb["response_mask"].sum()) / local_tokens
+                    sums["critic/vf_loss"] += float(vf_loss.detach())
+                    sums["critic/vf_clipfrac"] += float(vf_clipfrac) * weight
+                    sums["critic/vpred_mean"] += float(masked_mean(vpreds.detach(), mb["response_mask"])) * weight
+                grad_norm = clip_grad_norm_and_step(
+                    self.critic_module, self.critic_optimizer, float(_get(cfg, "grad_clip", 1.0))
+                )
+                for key, value in sums.items():
+                    metrics[key].append(value)
+                metrics["critic/grad_norm"].append(grad_norm)
+        return dict(metrics)
