@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from collections import defaultdict
 from typing import Any
 
@@ -20,8 +19,9 @@ import torch.distributed as dist
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+from verl.workers.engine.optim import clip_grad_norm_and_step
 
-__all__ = ["DataParallelPPOActor", "clip_grad_norm_and_step", "global_counts"]
+__all__ = ["DataParallelPPOActor", "global_counts"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,23 +39,6 @@ def global_counts(response_mask: torch.Tensor) -> tuple[float, float, int]:
         dp_size = dist.get_world_size()
         dist.all_reduce(local)
     return float(local[0]), float(local[1]), dp_size
-
-
-def clip_grad_norm_and_step(module: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> float:
-    """Clip the gradients to ``max_norm`` and step; a non-finite norm skips the step (gradients are dropped).
-
-    Returns the total gradient norm before clipping.
-    """
-    grad_norm = torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm=max_norm)
-    if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2
-        grad_norm = grad_norm.full_tensor()
-    norm = float(grad_norm)
-    if math.isfinite(norm):
-        optimizer.step()
-    else:
-        logger.warning("grad norm is %s: skipping this optimizer step", norm)
-    optimizer.zero_grad(set_to_none=True)
-    return norm
 
 
 class DataParallelPPOActor:

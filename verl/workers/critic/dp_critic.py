@@ -14,7 +14,8 @@ import torch
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import compute_value_loss
 from verl.utils.torch_functional import masked_mean
-from verl.workers.actor.dp_actor import _get, clip_grad_norm_and_step, global_counts
+from verl.workers.actor.dp_actor import _get, global_counts
+from verl.workers.engine.optim import clip_grad_norm_and_step
 
 __all__ = ["DataParallelPPOCritic"]
 

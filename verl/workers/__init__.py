@@ -1,0 +1,1 @@
+"""Worker-side code: training engines, actor, critic, rollout engines and their configs."""

@@ -1,0 +1,92 @@
+"""Schema of ``critic`` (veRL's ``FSDPCriticConfig`` field names and defaults)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from verl.base_config import BaseConfig
+from verl.workers.config.checkpoint import CheckpointConfig
+from verl.workers.config.engine import FSDPEngineConfig
+from verl.workers.config.optimizer import FSDPOptimizerConfig
+from verl.workers.config.sizes import per_rank_mini_batch_size
+
+__all__ = ["CriticConfig", "CriticModelConfig", "FSDPCriticConfig"]
+
+
+@dataclass
+class CriticModelConfig(BaseConfig):
+    """``critic.model``: the value model (a LM backbone; a scalar head is added when the folder has none)."""
+
+    path: str = "~/models/deepseek-llm-7b-chat"
+    tokenizer_path: str | None = None
+    override_config: dict[str, Any] = field(default_factory=dict)
+    external_lib: str | None = None
+    trust_remote_code: bool = False
+    enable_gradient_checkpointing: bool = True
+    enable_activation_offload: bool = False
+    use_remove_padding: bool = False
+    use_shm: bool = False
+    fsdp_config: FSDPEngineConfig = field(default_factory=FSDPEngineConfig)
+    lora_rank: int = 0
+    lora_alpha: int = 16
+    target_modules: Any = "all-linear"
+
+
+def _critic_optim() -> FSDPOptimizerConfig:
+    return FSDPOptimizerConfig(lr=1e-5)
+
+
+@dataclass
+class CriticConfig(BaseConfig):
+    """``critic``: the value model's training (PPO with GAE uses it; ``enable`` null = only when needed).
+
+    ``rollout_n`` and ``data_parallel_size`` are set by the worker; ``ppo_mini_batch_size_per_rank`` is derived from
+    them (ppo_mini_batch_size × rollout_n ÷ data_parallel_size). Users set neither.
+    """
+
+    enable: bool | None = None
+    strategy: str = "fsdp"
+    optim: FSDPOptimizerConfig = field(default_factory=_critic_optim)
+    model: CriticModelConfig = field(default_factory=CriticModelConfig)
+    ppo_mini_batch_size: int = 256
+    ppo_micro_batch_size: int | None = None
+    ppo_micro_batch_size_per_gpu: int | None = None
+    forward_micro_batch_size: int | None = None
+    forward_micro_batch_size_per_gpu: int | None = None
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 32768
+    forward_max_token_len_per_gpu: int = 32768
+    ppo_epochs: int = 1
+    shuffle: bool = False
+    data_loader_seed: int = 42
+    cliprange_value: float = 0.5
+    loss_agg_mode: str = "token-mean"
+    grad_clip: float = 1.0
+    ulysses_sequence_parallel_size: int = 1
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    profiler: dict[str, Any] = field(default_factory=dict)
+    rollout_n: int = 1
+    data_parallel_size: int = 1
+    ppo_mini_batch_size_per_rank: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        if self.strategy not in ("fsdp", "fsdp2"):
+            raise ValueError(f"critic.strategy={self.strategy!r}; use fsdp or fsdp2 (megatron is not available)")
+        if self.ppo_micro_batch_size is not None:
+            raise ValueError(
+                "critic.ppo_micro_batch_size (global) is deprecated and not supported: set "
+                "critic.ppo_micro_batch_size_per_gpu instead"
+            )
+        if not self.cliprange_value > 0:
+            raise ValueError(f"critic.cliprange_value={self.cliprange_value!r} must be > 0")
+        self.ppo_mini_batch_size_per_rank = per_rank_mini_batch_size(
+            "critic",
+            self.ppo_mini_batch_size,
+            self.rollout_n,
+            self.data_parallel_size,
+            self.ppo_micro_batch_size_per_gpu,
+        )
+
+
+FSDPCriticConfig = CriticConfig

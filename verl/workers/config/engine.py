@@ -1,0 +1,178 @@
+"""Schema of ``*.fsdp_config`` (``actor.fsdp_config``, ``ref.fsdp_config``, ``critic.model.fsdp_config``).
+
+veRL's ``FSDPEngineConfig`` field names and defaults. Both ``strategy: fsdp`` and ``strategy: fsdp2`` select verl's one
+FSDP engine, built on FSDP2 (``torch.distributed.fsdp.fully_shard``); FSDP1 is not used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from verl.base_config import BaseConfig
+
+__all__ = [
+    "DTYPE_NAMES",
+    "FSDP_STRATEGIES",
+    "MIXED_PRECISION_KEYS",
+    "WRAP_POLICY_KEYS",
+    "FSDPEngineConfig",
+    "canonical_dtype_name",
+]
+
+# Strategy names that select the FSDP engine (see verl.workers.engine.get_engine_class).
+FSDP_STRATEGIES = ("fsdp", "fsdp2")
+
+# Accepted spellings of a floating-point dtype → the ``torch`` attribute name.
+DTYPE_NAMES = {
+    "fp32": "float32",
+    "float32": "float32",
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
+}
+
+# Keys of ``wrap_policy``: FSDP2 shards each transformer block; ``transformer_layer_cls_to_wrap`` overrides the block
+# classes (default: the model's ``_no_split_modules``); ``min_num_params`` is accepted for veRL compatibility (FSDP1's
+# size-based policy; the engine does not use it); ``disable: true`` shards only the root module.
+WRAP_POLICY_KEYS = ("min_num_params", "transformer_layer_cls_to_wrap", "disable")
+
+# Keys of ``mixed_precision`` (each a dtype name, except the boolean ``cast_forward_inputs``).
+MIXED_PRECISION_KEYS = ("param_dtype", "reduce_dtype", "buffer_dtype", "cast_forward_inputs")
+
+
+def canonical_dtype_name(name: str) -> str:
+    """``"bf16"`` → ``"bfloat16"`` etc.; raises ValueError listing the accepted names."""
+    if name not in DTYPE_NAMES:
+        raise ValueError(f"unknown dtype {name!r}; use one of {list(DTYPE_NAMES)}")
+    return DTYPE_NAMES[name]
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass
+class FSDPEngineConfig(BaseConfig):
+    """How a model is sharded, cast, offloaded and seeded by the FSDP engine.
+
+    Args:
+        wrap_policy: which submodules get their own FSDP unit (keys in ``WRAP_POLICY_KEYS``).
+        param_offload: keep parameter shards in host memory between uses (accelerators only; on CPU they are there
+            already, so it is a no-op).
+        optimizer_offload: the same for the optimizer state.
+        offload_policy: use FSDP2's ``CPUOffloadPolicy`` (the optimizer steps on the host). Needs an accelerator.
+        reshard_after_forward: free the gathered parameters of each block after its forward (ZeRO-3); false keeps
+            them until backward (ZeRO-2-like, more memory, less communication).
+        fsdp_size: ranks one parameter is sharded over; -1 means all ranks. A divisor of the world size gives hybrid
+            sharding: shards within groups of ``fsdp_size`` ranks, replicated across groups.
+        forward_prefetch: in forward, start gathering the next block's parameters during the current block.
+        model_dtype: dtype the weights are loaded and stored in (and the optimizer steps in).
+        dtype: compute dtype of the mixed-precision policy (``param_dtype``); gradients are reduced in float32. Equal
+            to ``model_dtype``: no mixed precision.
+        mixed_precision: optional override of the policy: ``param_dtype``, ``reduce_dtype``, ``buffer_dtype``
+            (ignored by FSDP2), ``cast_forward_inputs``.
+        use_orig_params: FSDP1 flag, accepted for veRL compatibility; FSDP2 always keeps the original parameters.
+        seed: seeds the randomly initialized parts of a model (a value head loaded from a causal LM).
+        full_determinism: make torch use deterministic kernels (slow; for debugging).
+        ulysses_sequence_parallel_size: sequence-parallel degree the actor/critic uses (1: off).
+        entropy_from_logits_with_chunking: compute the entropy in chunks (read by the actor).
+        use_torch_compile: let the actor compile its log-prob/entropy helpers.
+        entropy_checkpointing: recompute the entropy in backward (read by the actor).
+        forward_only: build no optimizer (reference policy, reward model).
+        strategy: "fsdp" or "fsdp2"; both select the FSDP2 engine.
+    """
+
+    wrap_policy: dict[str, Any] = field(default_factory=lambda: {"min_num_params": 0})
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    offload_policy: bool = False
+    reshard_after_forward: bool = True
+    fsdp_size: int = -1
+    forward_prefetch: bool = False
+    model_dtype: str = "fp32"
+    dtype: str = "bfloat16"
+    mixed_precision: dict[str, Any] | None = None
+    use_orig_params: bool = False
+    seed: int = 42
+    full_determinism: bool = False
+    ulysses_sequence_parallel_size: int = 1
+    entropy_from_logits_with_chunking: bool = False
+    use_torch_compile: bool = True
+    entropy_checkpointing: bool = False
+    forward_only: bool = False
+    strategy: str = "fsdp"
+
+    def __post_init__(self) -> None:
+        p = "fsdp_config"
+        problems = []
+        if self.strategy not in FSDP_STRATEGIES:
+            problems.append(f"{p}.strategy={self.strategy!r}; use one of {list(FSDP_STRATEGIES)}")
+        for name in ("model_dtype", "dtype"):
+            if getattr(self, name) not in DTYPE_NAMES:
+                problems.append(f"{p}.{name}={getattr(self, name)!r}; use one of {list(DTYPE_NAMES)}")
+        for name in (
+            "param_offload",
+            "optimizer_offload",
+            "offload_policy",
+            "reshard_after_forward",
+            "forward_prefetch",
+            "use_orig_params",
+            "full_determinism",
+            "entropy_from_logits_with_chunking",
+            "use_torch_compile",
+            "entropy_checkpointing",
+            "forward_only",
+        ):
+            if not isinstance(getattr(self, name), bool):
+                problems.append(f"{p}.{name}={getattr(self, name)!r} must be true or false")
+        if not _is_int(self.fsdp_size) or (self.fsdp_size != -1 and self.fsdp_size < 1):
+            problems.append(f"{p}.fsdp_size={self.fsdp_size!r} must be -1 (all ranks) or an integer >= 1")
+        if not _is_int(self.seed):
+            problems.append(f"{p}.seed={self.seed!r} must be an integer")
+        if not _is_int(self.ulysses_sequence_parallel_size) or self.ulysses_sequence_parallel_size < 1:
+            problems.append(
+                f"{p}.ulysses_sequence_parallel_size={self.ulysses_sequence_parallel_size!r} must be an integer >= 1"
+            )
+        problems += _wrap_policy_problems(p, self.wrap_policy)
+        problems += _mixed_precision_problems(p, self.mixed_precision)
+        if problems:
+            raise ValueError("invalid FSDP engine config: " + "; ".join(problems))
+
+
+def _wrap_policy_problems(p: str, policy: Any) -> list[str]:
+    if not isinstance(policy, dict):
+        return [f"{p}.wrap_policy={policy!r} must be a mapping with keys from {list(WRAP_POLICY_KEYS)}"]
+    problems = []
+    unknown = sorted(str(k) for k in policy if k not in WRAP_POLICY_KEYS)
+    if unknown:
+        problems.append(f"{p}.wrap_policy has unknown key(s) {unknown}; allowed: {list(WRAP_POLICY_KEYS)}")
+    min_params = policy.get("min_num_params", 0)
+    if not _is_int(min_params) or min_params < 0:
+        problems.append(f"{p}.wrap_policy.min_num_params={min_params!r} must be an integer >= 0")
+    classes = policy.get("transformer_layer_cls_to_wrap")
+    if classes is not None and not (
+        isinstance(classes, str) or (isinstance(classes, list | tuple) and all(isinstance(c, str) for c in classes))
+    ):
+        problems.append(f"{p}.wrap_policy.transformer_layer_cls_to_wrap={classes!r} must be a class name or a list")
+    if not isinstance(policy.get("disable", False), bool):
+        problems.append(f"{p}.wrap_policy.disable={policy['disable']!r} must be true or false")
+    return problems
+
+
+def _mixed_precision_problems(p: str, mp: Any) -> list[str]:
+    if mp is None:
+        return []
+    if not isinstance(mp, dict):
+        return [f"{p}.mixed_precision={mp!r} must be a mapping with keys from {list(MIXED_PRECISION_KEYS)} or null"]
+    problems = []
+    unknown = sorted(str(k) for k in mp if k not in MIXED_PRECISION_KEYS)
+    if unknown:
+        problems.append(f"{p}.mixed_precision has unknown key(s) {unknown}; allowed: {list(MIXED_PRECISION_KEYS)}")
+    for key in ("param_dtype", "reduce_dtype", "buffer_dtype"):
+        if key in mp and mp[key] not in DTYPE_NAMES:
+            problems.append(f"{p}.mixed_precision.{key}={mp[key]!r}; use one of {list(DTYPE_NAMES)}")
+    if not isinstance(mp.get("cast_forward_inputs", True), bool):
+        problems.append(f"{p}.mixed_precision.cast_forward_inputs={mp['cast_forward_inputs']!r} must be true or false")
+    return problems

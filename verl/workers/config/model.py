@@ -1,0 +1,59 @@
+"""Schema of ``actor_rollout_ref.model`` (veRL's ``HFModelConfig`` field names and defaults)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from verl.base_config import BaseConfig
+
+__all__ = ["HFModelConfig"]
+
+
+@dataclass
+class HFModelConfig(BaseConfig):
+    """The Hugging Face model the actor, ref and rollout load.
+
+    Args:
+        path: a HF model folder (config + weights); ``hdfs://`` and hub ids are not fetched here.
+        tokenizer_path / hf_config_path: defaults to ``path``.
+        override_config: attributes set on the HF config before the model is built.
+        enable_gradient_checkpointing: recompute activations in backward (actor and critic).
+        use_remove_padding: forward packed sequences without pad tokens.
+        lora_rank: 0 disables LoRA (LoRA is accepted for compatibility; non-zero is not supported yet).
+        trust_remote_code, use_shm, external_lib, custom_chat_template, enable_activation_offload, lora_alpha,
+        target_modules, exclude_modules, lora_adapter_path, use_liger, use_fused_kernels, fused_kernel_options,
+        tiled_mlp, mtp: accepted with veRL's meaning where implemented.
+    """
+
+    path: str = "~/models/deepseek-llm-7b-chat"
+    tokenizer_path: str | None = None
+    hf_config_path: str | None = None
+    trust_remote_code: bool = False
+    use_shm: bool = False
+    external_lib: str | None = None
+    override_config: dict[str, Any] = field(default_factory=dict)
+    custom_chat_template: str | None = None
+    enable_gradient_checkpointing: bool = True
+    enable_activation_offload: bool = False
+    use_remove_padding: bool = True
+    lora_rank: int = 0
+    lora_alpha: int = 16
+    target_modules: Any = "all-linear"
+    exclude_modules: Any = None
+    lora_adapter_path: str | None = None
+    use_liger: bool = False
+    use_fused_kernels: bool = False
+    fused_kernel_options: dict[str, Any] = field(default_factory=lambda: {"impl_backend": "torch"})
+    tiled_mlp: dict[str, Any] = field(default_factory=lambda: {"enabled": False, "num_shards": 4})
+    mtp: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.path, str) or not self.path:
+            raise ValueError(f"actor_rollout_ref.model.path={self.path!r} must be a model folder")
+        if not isinstance(self.lora_rank, int) or self.lora_rank < 0:
+            raise ValueError(f"actor_rollout_ref.model.lora_rank={self.lora_rank!r} must be an integer >= 0")
+        if self.lora_rank > 0:
+            raise ValueError("actor_rollout_ref.model.lora_rank > 0: LoRA training is not supported yet; set it to 0")
+        if self.override_config is None:
+            object.__setattr__(self, "override_config", {})

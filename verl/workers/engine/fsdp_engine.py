@@ -1,0 +1,304 @@
+"""``FSDPEngine``: a Hugging Face model sharded with FSDP2 over all ranks, with its optimizer and lr schedule.
+
+The engine owns the model, the optimizer and the schedule; the actor and critic workers own the losses and the
+batching. A training step on every rank::
+
+    engine.module.train()
+    loss = loss_fn(engine.module(input_ids=..., attention_mask=...).logits, ...)   # this rank's micro-batches
+    loss.backward()
+    grad_norm = engine.clip_grad_norm_and_step()   # same value on every rank
+    lr = engine.lr_scheduler_step()
+
+A no-grad pass goes through ``with engine.eval_mode():`` (it reshards the parameters at the end). Inputs go on
+``engine.device``. With ``fsdp_config.param_offload`` / ``optimizer_offload`` the engine starts offloaded; call
+``load_params()`` (and ``load_optimizer()`` before a step) first and ``offload_*()`` afterwards. The same code runs
+on CPU with gloo and on CUDA with nccl: the device and backend come from ``verl.utils.device``; on a CPU device the
+offload calls do nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from verl.base_config import omega_conf_to_dataclass
+from verl.utils.device import get_device_name, get_torch_device
+from verl.workers.config.engine import FSDPEngineConfig
+from verl.workers.config.optimizer import FSDPOptimizerConfig
+from verl.workers.engine import checkpoint, offload
+from verl.workers.engine.full_state import iter_full_tensors
+from verl.workers.engine.hf_model import FORWARD_ONLY_ROLES, ROLES, VALUE_MODEL_ROLES, load_hf_model, torch_dtype
+from verl.workers.engine.lr_schedule import build_lr_scheduler
+from verl.workers.engine.optim import build_optimizer, clip_grad_norm_and_step
+from verl.workers.engine.registry import register_engine
+from verl.workers.engine.sharding import apply_fsdp2, build_device_mesh, reshard_all
+
+__all__ = ["FSDPEngine"]
+
+logger = logging.getLogger(__name__)
+
+
+def _enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Non-reentrant activation checkpointing of every decoder layer (transformers' own mechanism)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x; the old name warns there
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    model.config.use_cache = False
+
+
+@register_engine("fsdp", "fsdp2")
+class FSDPEngine:
+    """A model loaded from a Hugging Face folder, sharded with FSDP2, plus AdamW and an lr schedule.
+
+    Args:
+        model_path: Hugging Face model folder (``config.json`` + weights).
+        engine_config: ``fsdp_config`` (an ``FSDPEngineConfig`` or a mapping of its fields).
+        optim_config: ``optim`` (an ``FSDPOptimizerConfig`` or a mapping); needed unless the engine is forward-only.
+        role: "actor" or "ref" load a causal LM; "critic" or "reward_model" a value model (LM backbone + a scalar
+            head: ``logits`` of shape (B, T, 1)). "ref" and "reward_model" engines are forward-only (no optimizer,
+            parameters frozen), as is any engine with ``fsdp_config.forward_only``.
+        enable_gradient_checkpointing: recompute each decoder layer's activations in backward.
+        trust_remote_code: passed to transformers.
+        override_config: attributes set on the model's HF config before loading.
+        attn_implementation: transformers attention backend (None: transformers' default).
+
+    Needs the default process group (``verl.utils.distributed.initialize_global_process_group``); every rank builds
+    the engine and calls its collective methods together.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        engine_config: FSDPEngineConfig | Mapping[str, Any],
+        optim_config: FSDPOptimizerConfig | Mapping[str, Any] | None = None,
+        *,
+        role: str = "actor",
+        enable_gradient_checkpointing: bool = False,
+        trust_remote_code: bool = False,
+        override_config: Mapping[str, Any] | None = None,
+        attn_implementation: str | None = None,
+    ) -> None:
+        self.engine_config: FSDPEngineConfig = omega_conf_to_dataclass(engine_config, FSDPEngineConfig)
+        self.optim_config: FSDPOptimizerConfig | None = omega_conf_to_dataclass(optim_config, FSDPOptimizerConfig)
+        cfg = self.engine_config
+        if role not in ROLES:
+            raise ValueError(f"role={role!r}; use one of {list(ROLES)}")
+        self.forward_only = cfg.forward_only or role in FORWARD_ONLY_ROLES
+        if not self.forward_only and self.optim_config is None:
+            raise ValueError("an FSDPEngine that trains needs optim_config (or set fsdp_config.forward_only=true)")
+        device_name = get_device_name()
+        if cfg.offload_policy and device_name == "cpu":
+            raise ValueError(
+                "fsdp_config.offload_policy=true uses FSDP2's CPUOffloadPolicy, which needs an accelerator and is "
+                "not supported on CPU: set offload_policy=false and use param_offload/optimizer_offload instead (on "
+                "a CPU device they do nothing, the shards already live in host memory)"
+            )
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "FSDPEngine needs the default process group: call "
+                "verl.utils.distributed.initialize_global_process_group() on every rank first"
+            )
+        if cfg.full_determinism:
+            from transformers import enable_full_determinism
+
+            enable_full_determinism(cfg.seed)
+
+        self.role = role
+        self.is_value_model = role in VALUE_MODEL_ROLES
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        if device_name == "cpu":
+            self.device = torch.device("cpu")
+        else:
+            self.device = torch.device(device_name, get_torch_device().current_device())
+        self.device_mesh = build_device_mesh(device_name, cfg.fsdp_size)
+
+        model = load_hf_model(
+            model_path,
+            value_model=self.is_value_model,
+            dtype=torch_dtype(cfg.model_dtype),
+            seed=cfg.seed,
+            trust_remote_code=trust_remote_code,
+            override_config=override_config,
+            attn_implementation=attn_implementation,
+        )
+        self.model_config = model.config
+        if self.forward_only:
+            model.requires_grad_(False)
+        if enable_gradient_checkpointing:
+            _enable_activation_checkpointing(model)
+        self.module = apply_fsdp2(model, self.device_mesh, cfg)
+        self.module.train(not self.forward_only)
+
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.lr_scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
+        if not self.forward_only:
+            self.optimizer = build_optimizer(self.module.parameters(), self.optim_config)
+            self.lr_scheduler = build_lr_scheduler(self.optimizer, self.optim_config)
+
+        self._params_offloaded = False
+        self._optimizer_offloaded: list[tuple[torch.nn.Parameter, str, torch.device]] | None = None
+        self._logged_cpu_offload = False
+        if cfg.param_offload:
+            self.offload_params()
+        if cfg.optimizer_offload:
+            self.offload_optimizer()
+
+    # ------------------------------------------------------------------ training
+    def _require_optimizer(self, what: str) -> torch.optim.Optimizer:
+        if self.optimizer is None:
+            raise RuntimeError(f"{what} needs an optimizer, but this engine is forward-only (role={self.role!r})")
+        return self.optimizer
+
+    def zero_grad(self) -> None:
+        """Drop all gradients (``set_to_none``)."""
+        self._require_optimizer("zero_grad").zero_grad(set_to_none=True)
+
+    def clip_grad_norm_and_step(self, max_norm: float | None = None) -> float:
+        """Clip the gradients to ``max_norm`` (default ``optim.clip_grad``), step the optimizer, clear the gradients.
+
+        Returns the total gradient norm before clipping (the same on every rank). When it is NaN or infinite the
+        step is skipped (a warning is logged) and the gradients are cleared all the same; the norm is still returned
+        so callers can count such steps. Does not step the lr schedule (see ``lr_scheduler_step``). With manual
+        offload, call ``load_params()`` and ``load_optimizer()`` first.
+        """
+        optimizer = self._require_optimizer("clip_grad_norm_and_step")
+        max_norm = self.optim_config.clip_grad if max_norm is None else max_norm
+        return clip_grad_norm_and_step(self.module, optimizer, max_norm)
+
+    def lr_scheduler_step(self) -> float:
+        """Advance the lr schedule by one step; returns the lr the next optimizer step will use."""
+        self._require_optimizer("lr_scheduler_step")
+        self.lr_scheduler.step()
+        return self.get_lr()
+
+    def get_lr(self) -> float:
+        """The learning rate the next optimizer step will use."""
+        return float(self._require_optimizer("get_lr").param_groups[0]["lr"])
+
+    @contextlib.contextmanager
+    def eval_mode(self) -> Iterator[None]:
+        """Forward passes without autograd: ``module.eval()`` and ``torch.no_grad()`` inside; on exit the parameters
+        are resharded (else the next optimizer state dict fails) and the training flag is restored."""
+        was_training = self.module.training
+        self.module.eval()
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            reshard_all(self.module)
+            self.module.train(was_training)
+
+    # ------------------------------------------------------------------ offload
+    def _cpu_offload_noop(self, what: str) -> bool:
+        """True (after logging once) when offloading means nothing: a CPU device, or FSDP2's own offload policy."""
+        if self.device.type != "cpu" and not self.engine_config.offload_policy:
+            return False
+        if not self._logged_cpu_offload:
+            reason = "the device is the CPU" if self.device.type == "cpu" else "CPUOffloadPolicy keeps the shards there"
+            logger.info("%s and the other offload calls do nothing: %s", what, reason)
+            self._logged_cpu_offload = True
+        return True
+
+    def offload_params(self) -> None:
+        """Move the parameter shards (and gradients) to host memory. No-op on a CPU device."""
+        if self._cpu_offload_noop("offload_params") or self._params_offloaded:
+            return
+        offload.move_module(self.module, "cpu")
+        get_torch_device().empty_cache()
+        self._params_offloaded = True
+
+    def load_params(self) -> None:
+        """Bring the parameter shards back to the device. No-op on a CPU device."""
+        if self._cpu_offload_noop("load_params") or not self._params_offloaded:
+            return
+        offload.move_module(self.module, self.device)
+        self._params_offloaded = False
+
+    def offload_optimizer(self) -> None:
+        """Move the optimizer state to host memory. No-op on a CPU device or for a forward-only engine."""
+        if (
+            self.optimizer is None
+            or self._cpu_offload_noop("offload_optimizer")
+            or self._optimizer_offloaded is not None
+        ):
+            return
+        self._optimizer_offloaded = offload.offload_optimizer_state(self.optimizer)
+        get_torch_device().empty_cache()
+
+    def load_optimizer(self) -> None:
+        """Bring the optimizer state back to the device. No-op on a CPU device."""
+        if self.optimizer is None or self._cpu_offload_noop("load_optimizer") or self._optimizer_offloaded is None:
+            return
+        offload.load_optimizer_state(self.optimizer, self._optimizer_offloaded)
+        self._optimizer_offloaded = None
+
+    @contextlib.contextmanager
+    def _on_device(self) -> Iterator[None]:
+        """Temporarily load offloaded parameters/optimizer state (for checkpointing and weight export)."""
+        params, optim = self._params_offloaded, self._optimizer_offloaded is not None
+        if params:
+            self.load_params()
+        if optim:
+            self.load_optimizer()
+        try:
+            yield
+        finally:
+            if params:
+                self.offload_params()
+            if optim:
+                self.offload_optimizer()
+
+    # ------------------------------------------------------------------ weights
+    def iter_full_state_dict(
+        self, dtype: torch.dtype | None = None, bucket_bytes: int | None = None
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield ``(name, full tensor)`` for every entry of the model's state dict, on every rank.
+
+        Names are the Hugging Face model's ``state_dict()`` keys; tensors are on the engine's device, cast to
+        ``dtype`` if given. ``bucket_bytes`` gathers several shards per collective (see
+        ``verl.workers.engine.full_state.iter_full_tensors``). All ranks must consume the iterator to its end.
+        """
+        with self._on_device():
+            reshard_all(self.module)
+            yield from iter_full_tensors(self.module.state_dict(), dtype=dtype, bucket_bytes=bucket_bytes)
+
+    def get_full_state_dict(
+        self, dtype: torch.dtype | None = None, device: torch.device | str | None = "cpu"
+    ) -> dict[str, torch.Tensor]:
+        """The full state dict (HF names) on every rank, moved to ``device`` (None: leave on the engine's device)."""
+        return {
+            name: tensor if device is None else tensor.to(device)
+            for name, tensor in self.iter_full_state_dict(dtype=dtype)
+        }
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, path: str) -> None:
+        """Save model + optimizer shards with torch.distributed.checkpoint, and the lr schedule, under ``path``."""
+        extra = {} if self.lr_scheduler is None else {"lr_scheduler": self.lr_scheduler.state_dict()}
+        with self._on_device():
+            reshard_all(self.module)
+            checkpoint.save_sharded(path, self.module, self.optimizer, extra)
+
+    def load_checkpoint(self, path: str) -> None:
+        """Load what ``save_checkpoint`` wrote (any world size). Raises FileNotFoundError / ValueError naming a
+        missing or corrupt file."""
+        extra = checkpoint.read_extra_state(path)
+        if self.optimizer is not None:
+            if not checkpoint.has_optimizer_state(path):
+                raise ValueError(f"checkpoint {path} has no optimizer state (saved by a forward-only engine?)")
+            if "lr_scheduler" not in extra:
+                raise ValueError(f"checkpoint {path} has no lr-scheduler state; {checkpoint.EXTRA_STATE_FILE} lacks it")
+        with self._on_device():
+            reshard_all(self.module)
+            checkpoint.load_sharded(path, self.module, self.optimizer)
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
+        logger.info("loaded %s (written by %s ranks, loaded by %d)", path, extra.get("world_size"), self.world_size)
