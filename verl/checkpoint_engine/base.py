@@ -58,7 +58,7 @@ def _to_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
     aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
     name = aliases.get(dtype, dtype)
     value = getattr(torch, name, None)
-    if not isinstance(value, torch.dtype):
+    if not isinstance(value, torch.dtype) or not value.is_floating_point:
         raise ValueError(f"unknown rollout dtype {dtype!r}; use bfloat16, float16 or float32")
     return value
 
