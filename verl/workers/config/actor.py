@@ -1,0 +1,159 @@
+"""Schema of ``actor_rollout_ref.actor.*``: for now the fields the policy losses read (veRL names and defaults).
+
+The full actor config (batch sizes, optimiser, engine) extends :class:`ActorConfig`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from verl.base_config import BaseConfig
+from verl.trainer.config.algorithm import LOSS_AGG_MODES, RolloutCorrectionConfig, validate_kl_penalty_type
+
+__all__ = ["GLOBAL_BATCH_INFO_KEYS", "LOSS_AGG_MODES", "ActorConfig", "PolicyLossConfig"]
+
+# Keys the actor may put in `ActorConfig.global_batch_info`; they are passed to `agg_loss` as keyword arguments.
+GLOBAL_BATCH_INFO_KEYS = ("dp_size", "batch_num_tokens", "global_batch_size", "loss_scale_factor")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _check_number(key: str, value: object, low: float | None = None, *, strict: bool = False, optional=False) -> None:
+    if value is None and optional:
+        return
+    bad = not _is_number(value) or (low is not None and (value <= low if strict else value < low))
+    if bad:
+        bound = "" if low is None else f" {'>' if strict else '>='} {low}"
+        raise ValueError(f"{key}={value!r} must be a number{bound}{' or null' if optional else ''}")
+
+
+@dataclass
+class PolicyLossConfig(BaseConfig):
+    """``actor.policy_loss``: which policy loss, and the knobs of the covariance-based ones.
+
+    Args:
+        loss_mode: name in the policy-loss registry: "vanilla", "gspo", "sapo", "gpg", "cispo", "clip_cov", "kl_cov",
+            "geo_mean", "bypass_mode", or one a recipe registered with ``register_policy_loss``.
+        clip_cov_ratio: fraction of tokens Clip-Cov detaches (Cui et al. 2025, arXiv:2505.22617).
+        clip_cov_lb: lower bound of the covariance window Clip-Cov samples from.
+        clip_cov_ub: upper bound of that window.
+        kl_cov_ratio: fraction of tokens (largest covariance) KL-Cov penalises.
+        ppo_kl_coef: KL-Cov's coefficient on |log π − log π_old|.
+        rollout_correction: the rollout-correction settings the "bypass_mode" loss reads (the trainer derives them
+            from ``algorithm.rollout_correction``); None otherwise.
+    """
+
+    loss_mode: str = "vanilla"
+    clip_cov_ratio: float = 0.0002
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 0.0002
+    ppo_kl_coef: float = 0.1
+    rollout_correction: RolloutCorrectionConfig | None = None
+
+    def __post_init__(self) -> None:
+        prefix = "actor.policy_loss"
+        if not isinstance(self.loss_mode, str) or not self.loss_mode:
+            raise ValueError(f"{prefix}.loss_mode={self.loss_mode!r} must name a registered policy loss")
+        for name in ("clip_cov_ratio", "kl_cov_ratio"):
+            value = getattr(self, name)
+            if not _is_number(value) or not 0 < value <= 1:
+                raise ValueError(f"{prefix}.{name}={value!r} must be a fraction in (0, 1]")
+        _check_number(f"{prefix}.clip_cov_lb", self.clip_cov_lb)
+        _check_number(f"{prefix}.clip_cov_ub", self.clip_cov_ub)
+        if self.clip_cov_lb >= self.clip_cov_ub:
+            raise ValueError(
+                f"{prefix}.clip_cov_lb={self.clip_cov_lb} must be below {prefix}.clip_cov_ub={self.clip_cov_ub}"
+            )
+        _check_number(f"{prefix}.ppo_kl_coef", self.ppo_kl_coef, 0.0)
+        if self.rollout_correction is not None and not isinstance(self.rollout_correction, RolloutCorrectionConfig):
+            raise ValueError(
+                f"{prefix}.rollout_correction must be a RolloutCorrectionConfig or None, got "
+                f"{type(self.rollout_correction).__name__}"
+            )
+        if self.loss_mode == "bypass_mode" and self.rollout_correction is None:
+            raise ValueError(
+                f"{prefix}.loss_mode='bypass_mode' needs {prefix}.rollout_correction "
+                f"(a copy of algorithm.rollout_correction)"
+            )
+
+
+@dataclass
+class ActorConfig(BaseConfig):
+    """``actor_rollout_ref.actor``: the policy-loss fields (veRL names and defaults).
+
+    Args:
+        clip_ratio: PPO clip ε (Schulman et al. 2017), the fallback for ``clip_ratio_low/high``.
+        clip_ratio_low: ε_low, the ratio is clipped at 1 − ε_low; None: ``clip_ratio``.
+        clip_ratio_high: ε_high, the ratio is clipped at 1 + ε_high (DAPO "clip-higher": 0.28); None: ``clip_ratio``.
+        clip_ratio_c: dual-clip bound c > 1 for negative advantages (Ye et al. 2020, arXiv:1912.09729).
+        policy_loss: which loss, and its own knobs.
+        loss_agg_mode: one of ``LOSS_AGG_MODES``.
+        loss_scale_factor: divisor of "seq-mean-token-sum-norm" (None: the padded response length); set a constant
+            to keep the scale fixed during training.
+        entropy_coeff: weight of the entropy bonus (loss −= entropy_coeff · entropy).
+        calculate_entropy: compute the entropy in the forward pass even when ``entropy_coeff`` is 0 (for metrics).
+        use_kl_loss: add kl_loss_coef · KL(π‖π_ref) to the loss (GRPO style).
+        kl_loss_coef: its coefficient.
+        kl_loss_type: the KL estimator (see ``KL_PENALTY_TYPES``; "+" for the straight-through variants).
+        tau_pos: SAPO gate temperature for positive advantages (Gao et al. 2025, arXiv:2511.20347).
+        tau_neg: SAPO gate temperature for non-positive advantages.
+        ppo_epochs: passes over each batch per step.
+        calculate_sum_pi_squared: compute Σπ² per token in the old-log-prob pass (needed by the OTB estimators).
+        global_batch_info: set by the actor per micro-batch: ``dp_size``, ``batch_num_tokens``,
+            ``global_batch_size`` (and optionally ``loss_scale_factor``), passed to ``agg_loss`` so that the loss does
+            not depend on how the batch is split over ranks and micro-batches. Users leave it empty.
+    """
+
+    clip_ratio: float = 0.2
+    clip_ratio_low: float | None = 0.2
+    clip_ratio_high: float | None = 0.2
+    clip_ratio_c: float = 3.0
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    loss_agg_mode: str = "token-mean"
+    loss_scale_factor: float | None = None
+    entropy_coeff: float = 0.0
+    calculate_entropy: bool = False
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
+    ppo_epochs: int = 1
+    calculate_sum_pi_squared: bool = False
+    global_batch_info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        prefix = "actor"
+        _check_number(f"{prefix}.clip_ratio", self.clip_ratio, 0.0)
+        _check_number(f"{prefix}.clip_ratio_low", self.clip_ratio_low, 0.0, optional=True)
+        _check_number(f"{prefix}.clip_ratio_high", self.clip_ratio_high, 0.0, optional=True)
+        _check_number(f"{prefix}.clip_ratio_c", self.clip_ratio_c, 1.0, strict=True)
+        if not isinstance(self.policy_loss, PolicyLossConfig):
+            raise ValueError(
+                f"{prefix}.policy_loss must be a PolicyLossConfig, got {type(self.policy_loss).__name__}; build "
+                f"nested configs with verl.base_config.omega_conf_to_dataclass"
+            )
+        if self.loss_agg_mode not in LOSS_AGG_MODES:
+            raise ValueError(f"{prefix}.loss_agg_mode={self.loss_agg_mode!r}; use one of {list(LOSS_AGG_MODES)}")
+        _check_number(f"{prefix}.loss_scale_factor", self.loss_scale_factor, 0.0, strict=True, optional=True)
+        _check_number(f"{prefix}.entropy_coeff", self.entropy_coeff)
+        _check_number(f"{prefix}.kl_loss_coef", self.kl_loss_coef, 0.0)
+        validate_kl_penalty_type(f"{prefix}.kl_loss_type", self.kl_loss_type)
+        _check_number(f"{prefix}.tau_pos", self.tau_pos, 0.0, strict=True)
+        _check_number(f"{prefix}.tau_neg", self.tau_neg, 0.0, strict=True)
+        if not isinstance(self.ppo_epochs, int) or isinstance(self.ppo_epochs, bool) or self.ppo_epochs < 1:
+            raise ValueError(f"{prefix}.ppo_epochs={self.ppo_epochs!r} must be an integer >= 1")
+        for name in ("calculate_entropy", "use_kl_loss", "calculate_sum_pi_squared"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{prefix}.{name}={getattr(self, name)!r} must be true or false")
+        if not isinstance(self.global_batch_info, dict):
+            raise ValueError(f"{prefix}.global_batch_info must be a dict, got {type(self.global_batch_info).__name__}")
+        unknown = sorted(set(self.global_batch_info) - set(GLOBAL_BATCH_INFO_KEYS))
+        if unknown:
+            raise ValueError(
+                f"{prefix}.global_batch_info has unknown key(s) {unknown}; allowed: {list(GLOBAL_BATCH_INFO_KEYS)}"
+            )
