@@ -141,7 +141,10 @@ def test_union_of_disjoint_and_equal_keys(n):
         {"uid": [f"u{i}" for i in range(n)], "new": list(range(n))},
         meta_info={"temperature": 1.0, "step": 3},
     )
+    data.meta_info["metrics"] = {"a": [1.0]}
+    other.meta_info["metrics"] = {"a": 2.0, "b": [3.0]}
     data.union(other)
+    assert data.meta_info.pop("metrics") == {"a": [1.0, 2.0], "b": [3.0]}  # merged, not a conflict
     assert torch.equal(data.batch["y"], torch.ones(n))
     assert list(data.non_tensor_batch["new"]) == list(range(n))
     assert data.meta_info == {"temperature": 1.0, "step": 3}

@@ -73,6 +73,15 @@ class DataProtoConfig(metaclass=_DataProtoConfigMeta):
     """``DataProtoConfig.auto_padding = True`` lets every DataProto be padded when split unevenly across workers."""
 
 
+def _merge_metrics(parts: list[dict]) -> dict[str, list]:
+    """Per-worker metric dicts → one dict of lists (a scalar counts as a one-element list)."""
+    merged: dict[str, list] = {}
+    for part in parts:
+        for name, value in part.items():
+            merged.setdefault(name, []).extend(value if isinstance(value, list) else [value])
+    return merged
+
+
 def _chunk_sizes(total: int, chunks: int) -> list[int]:
     """Sizes of ``torch.chunk``: ceil-sized pieces, the last one smaller, possibly fewer than ``chunks`` pieces."""
     if chunks <= 0:
@@ -346,13 +355,20 @@ class DataProto:
         return self
 
     def union(self, other: DataProto) -> DataProto:
-        """Merge ``other``'s keys into self (in place; returns self). Keys present in both must be equal."""
+        """Merge ``other``'s keys into self (in place; returns self). Keys present in both must be equal, except
+        ``meta_info["metrics"]``, whose dicts of lists are merged as in :meth:`concat`."""
         if len(self) != len(other) and (self.batch is not None or self.non_tensor_batch):
             raise ValueError(f"cannot union DataProtos of {len(self)} and {len(other)} rows")
         if other.batch is not None:
             self.batch = other.batch if self.batch is None else union_tensor_dict(self.batch, other.batch)
         self.non_tensor_batch = union_numpy_dict(self.non_tensor_batch, other.non_tensor_batch)
-        self.meta_info = union_two_dict(self.meta_info, other.meta_info)
+        metrics = _merge_metrics([self.meta_info.get("metrics", {}), other.meta_info.get("metrics", {})])
+        self.meta_info = union_two_dict(
+            {k: v for k, v in self.meta_info.items() if k != "metrics"},
+            {k: v for k, v in other.meta_info.items() if k != "metrics"},
+        )
+        if metrics:
+            self.meta_info["metrics"] = metrics
         return self
 
     # ------------------------------------------------------------------ splitting and joining
@@ -395,14 +411,9 @@ class DataProto:
         batch = None if data[0].batch is None else torch.cat([d.batch for d in data], dim=0)
         non_tensor = {k: np.concatenate([d.non_tensor_batch[k] for d in data]) for k in data[0].non_tensor_batch}
         meta: dict = {}
-        metrics: dict[str, list] = {}
         for d in data:
-            for key, value in d.meta_info.items():
-                if key == "metrics":
-                    for name, val in value.items():
-                        metrics.setdefault(name, []).extend(val if isinstance(val, list) else [val])
-                else:
-                    union_two_dict(meta, {key: value})
+            union_two_dict(meta, {k: v for k, v in d.meta_info.items() if k != "metrics"})
+        metrics = _merge_metrics([d.meta_info.get("metrics", {}) for d in data])
         if metrics:
             meta["metrics"] = metrics
         return type(data[0])(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)

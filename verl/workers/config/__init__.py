@@ -1,5 +1,42 @@
-"""Config schemas of the worker roles."""
+"""Config schemas of the worker roles (veRL field names and defaults; frozen dataclasses)."""
 
-from verl.workers.config.actor import ActorConfig, PolicyLossConfig
+from verl.workers.config.actor import ActorConfig, FSDPActorConfig, PolicyLossConfig, RefConfig
+from verl.workers.config.checkpoint import CheckpointConfig
+from verl.workers.config.critic import CriticConfig, CriticModelConfig, FSDPCriticConfig
+from verl.workers.config.engine import FSDPEngineConfig
+from verl.workers.config.model import HFModelConfig
+from verl.workers.config.optimizer import FSDPOptimizerConfig, OptimConfig, OptimizerConfig
+from verl.workers.config.rollout import (
+    AgentLoopConfig,
+    CheckpointEngineConfig,
+    CustomAsyncServerConfig,
+    MultiTurnConfig,
+    PrometheusConfig,
+    RolloutConfig,
+    SamplingConfig,
+    TraceConfig,
+)
 
-__all__ = ["ActorConfig", "PolicyLossConfig"]
+__all__ = [
+    "ActorConfig",
+    "AgentLoopConfig",
+    "CheckpointConfig",
+    "CheckpointEngineConfig",
+    "CriticConfig",
+    "CriticModelConfig",
+    "CustomAsyncServerConfig",
+    "FSDPActorConfig",
+    "FSDPCriticConfig",
+    "FSDPEngineConfig",
+    "FSDPOptimizerConfig",
+    "HFModelConfig",
+    "MultiTurnConfig",
+    "OptimConfig",
+    "OptimizerConfig",
+    "PolicyLossConfig",
+    "PrometheusConfig",
+    "RefConfig",
+    "RolloutConfig",
+    "SamplingConfig",
+    "TraceConfig",
+]

@@ -1,6 +1,8 @@
-"""Schema of ``actor_rollout_ref.actor.*``: for now the fields the policy losses read (veRL names and defaults).
+"""Schema of ``actor_rollout_ref.actor.*`` and ``actor_rollout_ref.ref.*`` (veRL names and defaults).
 
-The full actor config (batch sizes, optimiser, engine) extends :class:`ActorConfig`.
+``ActorConfig`` holds the policy-loss fields the algorithms read and the training fields the worker reads (batch
+sizes, optimizer, FSDP engine, checkpoint contents). ``rollout_n`` and ``data_parallel_size`` are filled in by the
+worker; ``ppo_mini_batch_size_per_rank`` is derived from them and never set by users.
 """
 
 from __future__ import annotations
@@ -10,8 +12,19 @@ from typing import Any
 
 from verl.base_config import BaseConfig
 from verl.trainer.config.algorithm import LOSS_AGG_MODES, RolloutCorrectionConfig, validate_kl_penalty_type
+from verl.workers.config.checkpoint import CheckpointConfig
+from verl.workers.config.engine import FSDPEngineConfig
+from verl.workers.config.optimizer import FSDPOptimizerConfig
+from verl.workers.config.sizes import per_rank_mini_batch_size
 
-__all__ = ["GLOBAL_BATCH_INFO_KEYS", "LOSS_AGG_MODES", "ActorConfig", "PolicyLossConfig"]
+__all__ = [
+    "GLOBAL_BATCH_INFO_KEYS",
+    "LOSS_AGG_MODES",
+    "ActorConfig",
+    "FSDPActorConfig",
+    "PolicyLossConfig",
+    "RefConfig",
+]
 
 # Keys the actor may put in `ActorConfig.global_batch_info`; they are passed to `agg_loss` as keyword arguments.
 GLOBAL_BATCH_INFO_KEYS = ("dp_size", "batch_num_tokens", "global_batch_size", "loss_scale_factor")
@@ -125,6 +138,31 @@ class ActorConfig(BaseConfig):
     ppo_epochs: int = 1
     calculate_sum_pi_squared: bool = False
     global_batch_info: dict[str, Any] = field(default_factory=dict)
+    # training: batch sizes (ppo_mini_batch_size in prompts, global), engine, optimizer
+    strategy: str = "fsdp"
+    ppo_mini_batch_size: int = 256
+    ppo_micro_batch_size: int | None = None
+    ppo_micro_batch_size_per_gpu: int | None = None
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 16384
+    shuffle: bool = False
+    data_loader_seed: int = 42
+    grad_clip: float = 1.0
+    ulysses_sequence_parallel_size: int = 1
+    use_torch_compile: bool = True
+    use_remove_padding: bool | None = None
+    use_fused_kernels: bool | None = None
+    use_prefix_grouper: bool = False
+    freeze_vision_tower: bool = False
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    optim: FSDPOptimizerConfig = field(default_factory=FSDPOptimizerConfig)
+    fsdp_config: FSDPEngineConfig = field(default_factory=FSDPEngineConfig)
+    router_replay: dict[str, Any] = field(default_factory=lambda: {"mode": "disabled"})
+    profiler: dict[str, Any] = field(default_factory=dict)
+    # filled in by the worker, then derived
+    rollout_n: int = 1
+    data_parallel_size: int = 1
+    ppo_mini_batch_size_per_rank: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         prefix = "actor"
@@ -156,4 +194,46 @@ class ActorConfig(BaseConfig):
         if unknown:
             raise ValueError(
                 f"{prefix}.global_batch_info has unknown key(s) {unknown}; allowed: {list(GLOBAL_BATCH_INFO_KEYS)}"
+            )
+        if self.strategy not in ("fsdp", "fsdp2"):
+            raise ValueError(f"{prefix}.strategy={self.strategy!r}; use fsdp or fsdp2 (megatron is not available)")
+        if self.ppo_micro_batch_size is not None:
+            raise ValueError(
+                f"{prefix}.ppo_micro_batch_size (global) is deprecated and not supported: set "
+                f"{prefix}.ppo_micro_batch_size_per_gpu instead"
+            )
+        _check_number(f"{prefix}.grad_clip", self.grad_clip, 0.0, strict=True)
+        self.ppo_mini_batch_size_per_rank = per_rank_mini_batch_size(
+            prefix,
+            self.ppo_mini_batch_size,
+            self.rollout_n,
+            self.data_parallel_size,
+            self.ppo_micro_batch_size_per_gpu,
+        )
+
+
+FSDPActorConfig = ActorConfig
+
+
+@dataclass
+class RefConfig(BaseConfig):
+    """``actor_rollout_ref.ref``: the frozen reference policy (its engine is always forward-only)."""
+
+    strategy: str = "fsdp"
+    log_prob_micro_batch_size: int | None = None
+    log_prob_micro_batch_size_per_gpu: int | None = None
+    log_prob_use_dynamic_bsz: bool = False
+    log_prob_max_token_len_per_gpu: int = 16384
+    ulysses_sequence_parallel_size: int = 1
+    use_torch_compile: bool = True
+    fsdp_config: FSDPEngineConfig = field(default_factory=lambda: FSDPEngineConfig(forward_only=True))
+    profiler: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.strategy not in ("fsdp", "fsdp2"):
+            raise ValueError(f"ref.strategy={self.strategy!r}; use fsdp or fsdp2 (megatron is not available)")
+        if self.log_prob_micro_batch_size is not None:
+            raise ValueError(
+                "ref.log_prob_micro_batch_size (global) is deprecated and not supported: set "
+                "ref.log_prob_micro_batch_size_per_gpu instead"
             )

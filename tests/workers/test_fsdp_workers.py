@@ -1,0 +1,251 @@
+"""The hybrid engine for real: 2 Ray workers × gloo × FSDP2 × the hf rollout engine, tiny Qwen2 in float32."""
+
+from __future__ import annotations
+
+import copy
+import sys
+
+import numpy as np
+import pytest
+import ray
+import torch
+from omegaconf import OmegaConf
+from transformers import AutoModelForCausalLM
+
+from verl.protocol import DataProto
+from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+from verl.workers.actor import DataParallelPPOActor
+from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+PROMPTS, PROMPT_LEN, RESPONSE_LEN, N = 4, 6, 8, 2
+LR = 1e-2
+
+
+def arr_config(model_dir: str):
+    return OmegaConf.create(
+        {
+            "model": {"path": model_dir, "enable_gradient_checkpointing": False, "use_remove_padding": False},
+            "actor": {
+                "strategy": "fsdp2",
+                "ppo_mini_batch_size": PROMPTS,
+                "ppo_micro_batch_size_per_gpu": 2,
+                "optim": {"lr": LR, "weight_decay": 0.0},
+                "fsdp_config": {"dtype": "float32"},
+                "entropy_coeff": 0.0,
+                "use_kl_loss": False,
+            },
+            "rollout": {
+                "name": "hf",
+                "dtype": "float32",
+                "n": N,
+                "prompt_length": PROMPT_LEN,
+                "response_length": RESPONSE_LEN,
+                "log_prob_micro_batch_size_per_gpu": 4,
+                "seed": 123,
+            },
+            "ref": {"fsdp_config": {"dtype": "float32"}, "log_prob_micro_batch_size_per_gpu": 4},
+        }
+    )
+
+
+def prompts() -> DataProto:
+    g = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(3, 256, (PROMPTS, PROMPT_LEN), generator=g)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, :2] = 0  # left padding
+    input_ids[1, :2] = 0
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return DataProto.from_dict(
+        {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids},
+        {"uid": np.array([f"p{i}" for i in range(PROMPTS)], dtype=object)},
+        meta_info={"eos_token_id": 1, "pad_token_id": 0, "global_steps": 1},
+    )
+
+
+def reference_log_probs(model: torch.nn.Module, batch: DataProto) -> torch.Tensor:
+    b = batch.batch
+    with torch.no_grad():
+        logits = model(
+            input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]
+        ).logits
+    logits = logits[:, -RESPONSE_LEN - 1 : -1]
+    return torch.log_softmax(logits, -1).gather(-1, b["responses"].unsqueeze(-1)).squeeze(-1)
+
+
+@pytest.fixture(scope="module")
+def hybrid(ray_cluster, tiny_model_dir):
+    pool = RayResourcePool([2], use_gpu=False, max_colocate_count=1)
+    cls = RayClassWithInitArgs(
+        ray.remote(ActorRolloutRefWorker), config=arr_config(tiny_model_dir), role="actor_rollout_ref"
+    )
+    wg = RayWorkerGroup(pool, cls, name_prefix="hybrid")
+    wg.set_weight_sync_verification(True)
+    wg.init_model()
+    yield wg
+    wg.shutdown()
+    pool.release()
+
+
+def test_generation_shapes_masks_and_log_probs(hybrid, tiny_model_dir):
+    out = hybrid.generate_sequences(prompts())
+    b = out.batch
+    assert len(out) == PROMPTS * N and list(out.non_tensor_batch["uid"]) == [
+        f"p{i}" for i in range(PROMPTS) for _ in range(N)
+    ]
+    assert b["responses"].shape == (PROMPTS * N, RESPONSE_LEN)
+    assert b["input_ids"].shape == (PROMPTS * N, PROMPT_LEN + RESPONSE_LEN)
+    assert torch.equal(b["input_ids"][:, :PROMPT_LEN], b["prompts"])
+    assert torch.equal(b["attention_mask"][:, PROMPT_LEN:], b["response_mask"])
+    mask = b["response_mask"]
+    assert bool((mask[:, 1:] <= mask[:, :-1]).all())  # ones, then zeros
+    assert bool((b["rollout_log_probs"][mask == 0] == 0).all())
+    # the trainer's recompute (FSDP2, 2 ranks) equals the engine's log-probs and a plain HF forward
+    recompute = hybrid.compute_log_prob(out)
+    torch.testing.assert_close(recompute.batch["old_log_probs"] * mask, b["rollout_log_probs"], rtol=0, atol=2e-5)
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    torch.testing.assert_close(
+        recompute.batch["old_log_probs"] * mask, reference_log_probs(hf, out) * mask, rtol=0, atol=2e-5
+    )
+    assert max(recompute.meta_info["metrics"]["training/rollout_probs_diff_max"]) < 1e-4
+
+
+def test_same_seed_same_samples_and_sleep_wake_restores_generation(hybrid):
+    first = hybrid.generate_sequences(prompts())
+    held = hybrid.sleep()  # generate already left the engine asleep: its weights are gone
+    assert all(b < 1024 for b in held)
+    again = hybrid.generate_sequences(prompts())  # wakes, syncs (verified), generates
+    assert torch.equal(first.batch["responses"], again.batch["responses"])
+    assert torch.equal(first.batch["rollout_log_probs"], again.batch["rollout_log_probs"])
+    other_step = prompts()
+    other_step.meta_info["global_steps"] = 2
+    assert not torch.equal(hybrid.generate_sequences(other_step).batch["responses"], first.batch["responses"])
+
+
+def test_update_actor_matches_a_single_process_step_and_syncs_the_engine(hybrid, tiny_model_dir):
+    batch = hybrid.generate_sequences(prompts())
+    batch = batch.union(hybrid.compute_log_prob(batch))
+    g = torch.Generator().manual_seed(5)
+    batch.batch["advantages"] = torch.randn(len(batch), RESPONSE_LEN, generator=g) * batch.batch["response_mask"]
+    ref_before = hybrid.compute_ref_log_prob(batch).batch["ref_log_prob"]
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    reference = DataParallelPPOActor(
+        {"ppo_mini_batch_size_per_rank": len(batch), "ppo_micro_batch_size_per_gpu": len(batch), "grad_clip": 1.0},
+        model,
+        torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0),
+    )
+    before = copy.deepcopy(model)
+    ref_metrics = reference.update_policy(copy.deepcopy(batch))
+    metrics = hybrid.update_actor(batch).meta_info["metrics"]
+    assert np.mean(metrics["actor/pg_loss"]) == pytest.approx(ref_metrics["actor/pg_loss"][0], rel=1e-4)
+    assert metrics["actor/grad_norm"][0] == pytest.approx(ref_metrics["actor/grad_norm"][0], rel=1e-4)
+
+    after = hybrid.compute_log_prob(batch).batch["old_log_probs"]
+    mask = batch.batch["response_mask"]
+    torch.testing.assert_close(after * mask, reference_log_probs(model, batch) * mask, rtol=0, atol=5e-5)
+    assert (after - reference_log_probs(before, batch)).abs().max() > 1e-3  # the step really moved the policy
+    # the reference policy does not move
+    torch.testing.assert_close(hybrid.compute_ref_log_prob(batch).batch["ref_log_prob"], ref_before, rtol=0, atol=0)
+
+    stats = hybrid.update_weights()  # verified sync of the new weights into both ranks' engines
+    assert all(s["weight_sync/tensors"] > 0 for s in stats)
+    greedy = prompts()
+    greedy.meta_info["do_sample"] = False
+    out = hybrid.generate_sequences(greedy)
+    b = greedy.batch
+    expected = model.generate(
+        input_ids=b["input_ids"],
+        attention_mask=b["attention_mask"],
+        do_sample=False,
+        max_new_tokens=RESPONSE_LEN,
+        eos_token_id=1,
+        pad_token_id=0,
+    )[:, PROMPT_LEN:]
+    got = out.batch["responses"][::N]
+    for row in range(PROMPTS):  # compare up to EOS (HF pads after it with pad 0 too)
+        length = int(out.batch["response_mask"][row * N].sum())
+        assert got[row, :length].tolist() == expected[row, :length].tolist(), row
+
+
+def test_wrong_role_calls_are_clear(ray_cluster, tiny_model_dir):
+    pool = RayResourcePool([1], use_gpu=False, max_colocate_count=1)
+    wg = RayWorkerGroup(
+        pool,
+        RayClassWithInitArgs(ActorRolloutRefWorker, config=arr_config(tiny_model_dir), role="ref"),
+        name_prefix="refonly",
+    )
+    try:
+        wg.init_model()
+        with pytest.raises(Exception, match="update_actor on a worker of role 'ref'"):
+            wg.update_actor(prompts())
+    finally:
+        wg.shutdown()
+        pool.release()
+    with pytest.raises(ValueError, match="role='critic'"):
+        ActorRolloutRefWorker(arr_config(tiny_model_dir), role="critic")
+
+
+def test_critic_and_reward_model_workers(ray_cluster, tiny_model_dir, hybrid):
+    batch = hybrid.generate_sequences(prompts())
+    critic_cfg = OmegaConf.create(
+        {
+            "model": {
+                "path": tiny_model_dir,
+                "enable_gradient_checkpointing": False,
+                "fsdp_config": {"dtype": "float32"},
+            },
+            "optim": {"lr": 1e-2},
+            "ppo_mini_batch_size": PROMPTS,
+            "rollout_n": N,
+            "ppo_micro_batch_size_per_gpu": 2,
+            "forward_micro_batch_size_per_gpu": 2,
+        }
+    )
+    pool = RayResourcePool([2], use_gpu=False, max_colocate_count=2)
+    critic = RayWorkerGroup(pool, RayClassWithInitArgs(CriticWorker, config=critic_cfg), name_prefix="critic")
+    rm = RayWorkerGroup(
+        pool,
+        RayClassWithInitArgs(
+            RewardModelWorker,
+            config=OmegaConf.create(
+                {"model": {"path": tiny_model_dir, "fsdp_config": {"dtype": "float32"}}, "micro_batch_size_per_gpu": 2}
+            ),
+        ),
+        name_prefix="rm",
+    )
+    try:
+        critic.init_model()
+        rm.init_model()
+        values = critic.compute_values(batch).batch["values"]
+        assert values.shape == (PROMPTS * N, RESPONSE_LEN) and bool(
+            (values[batch.batch["response_mask"] == 0] == 0).all()
+        )
+        batch.batch["values"] = values
+        batch.batch["returns"] = torch.ones_like(values) * batch.batch["response_mask"]
+        losses = [np.mean(critic.update_critic(batch).meta_info["metrics"]["critic/vf_loss"]) for _ in range(3)]
+        assert losses[2] < losses[0]  # regressing to a constant return: the loss falls
+        scores = rm.compute_rm_score(batch).batch["rm_scores"]
+        last = batch.batch["response_mask"].sum(-1) - 1
+        nonzero = scores != 0
+        assert nonzero.sum(-1).tolist() == [1] * len(batch)  # one score per sequence ...
+        assert nonzero.float().argmax(-1).tolist() == last.tolist()  # ... at its last response token
+    finally:
+        critic.shutdown()
+        rm.shutdown()
+        pool.release()
+
+
+def test_save_and_load_checkpoint_restore_the_actor(hybrid, tmp_path):
+    batch = hybrid.generate_sequences(prompts())
+    batch = batch.union(hybrid.compute_log_prob(batch))
+    saved = batch.batch["old_log_probs"]
+    hybrid.save_checkpoint(str(tmp_path / "actor"))
+    batch.batch["advantages"] = torch.ones(len(batch), RESPONSE_LEN) * batch.batch["response_mask"]
+    hybrid.update_actor(batch)
+    assert not torch.equal(hybrid.compute_log_prob(batch).batch["old_log_probs"], saved)
+    hybrid.load_checkpoint(str(tmp_path / "actor"))
+    torch.testing.assert_close(hybrid.compute_log_prob(batch).batch["old_log_probs"], saved, rtol=0, atol=0)
+    again = hybrid.generate_sequences(prompts())  # the engine is re-synced from the restored weights
+    torch.testing.assert_close(again.batch["rollout_log_probs"], batch.batch["rollout_log_probs"], rtol=0, atol=0)

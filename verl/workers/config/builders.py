@@ -1,0 +1,53 @@
+"""Build the worker configs from the user's DictConfig sections, deriving per-rank sizes into new fields.
+
+The user's values are never changed: derived quantities (rollout.n copied into the actor, the data-parallel size,
+per-rank mini-batch sizes) are passed to the dataclass constructors, which compute and freeze them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from verl.base_config import omega_conf_to_dataclass
+from verl.workers.config.actor import ActorConfig, RefConfig
+from verl.workers.config.critic import CriticConfig
+from verl.workers.config.model import HFModelConfig
+from verl.workers.config.rollout import RolloutConfig
+
+__all__ = [
+    "build_actor_config",
+    "build_critic_config",
+    "build_model_config",
+    "build_ref_config",
+    "build_rollout_config",
+]
+
+
+def build_model_config(config: Any) -> HFModelConfig:
+    """``actor_rollout_ref.model`` → `HFModelConfig`."""
+    return omega_conf_to_dataclass(config, HFModelConfig)
+
+
+def build_rollout_config(config: Any) -> RolloutConfig:
+    """``actor_rollout_ref.rollout`` → `RolloutConfig`."""
+    return omega_conf_to_dataclass(config, RolloutConfig)
+
+
+def build_actor_config(config: Any, rollout_n: int, dp_size: int) -> ActorConfig:
+    """``actor_rollout_ref.actor`` → `ActorConfig` for one of ``dp_size`` ranks generating ``rollout_n`` samples
+    per prompt (its ``ppo_mini_batch_size_per_rank`` is derived from them)."""
+    actor = omega_conf_to_dataclass(config, ActorConfig)
+    return dataclasses.replace(actor, rollout_n=rollout_n, data_parallel_size=dp_size)
+
+
+def build_ref_config(config: Any) -> RefConfig:
+    """``actor_rollout_ref.ref`` → `RefConfig` (its FSDP engine is always forward-only)."""
+    ref = omega_conf_to_dataclass(config, RefConfig)
+    return dataclasses.replace(ref, fsdp_config=dataclasses.replace(ref.fsdp_config, forward_only=True))
+
+
+def build_critic_config(config: Any, dp_size: int) -> CriticConfig:
+    """``critic`` → `CriticConfig` for one of ``dp_size`` ranks."""
+    critic = omega_conf_to_dataclass(config, CriticConfig)
+    return dataclasses.replace(critic, data_parallel_size=dp_size)

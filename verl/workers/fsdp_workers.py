@@ -1,0 +1,365 @@
+"""The FSDP workers the driver talks to: actor/rollout/ref (hybrid engine), critic and reward model.
+
+Thin by design: each registered method moves data in and out and delegates to the training engine
+(`verl.workers.engine`), the actor/critic algorithms (`DataParallelPPOActor` / `DataParallelPPOCritic`), the rollout
+engine (`verl.workers.rollout`) and the weight-sync engine (`verl.checkpoint_engine`).
+
+In the hybrid engine (role ``actor_rollout`` or ``actor_rollout_ref``) the trainer and the rollout engine share the
+process: the engine sleeps (frees its weights and KV cache) after generating and is woken with fresh weights by
+``update_weights``. A generate call on a sleeping engine wakes and syncs it first.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+import torch
+
+from verl.checkpoint_engine import get_checkpoint_engine
+from verl.protocol import DataProto
+from verl.single_controller.base import Worker
+from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
+from verl.trainer.ppo.rollout_corr_helper import compute_rollout_corr_metrics_from_logprobs
+from verl.utils.device import get_device_name
+from verl.utils.distributed import initialize_global_process_group
+from verl.utils.torch_functional import masked_mean
+from verl.workers.actor import DataParallelPPOActor
+from verl.workers.config.builders import (
+    build_actor_config,
+    build_critic_config,
+    build_model_config,
+    build_ref_config,
+    build_rollout_config,
+)
+from verl.workers.critic import DataParallelPPOCritic
+from verl.workers.engine import FSDPEngine
+
+__all__ = ["ActorRolloutRefWorker", "CriticWorker", "RewardModelWorker"]
+
+logger = logging.getLogger(__name__)
+
+ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
+MESHES = ("actor", "rollout", "ref", "critic", "reward")
+
+
+def _metrics_meta(metrics: dict[str, Any]) -> dict[str, Any]:
+    """meta_info carrying per-rank metrics (merged into lists by ``DataProto.concat``)."""
+    return {"metrics": dict(metrics)}
+
+
+def _register_meshes(worker: Worker) -> None:
+    # Pure data parallelism: every rank is its own dp rank and is collected, under every mesh name.
+    for mesh in MESHES:
+        worker._register_dispatch_collect_info(mesh, dp_rank=worker.rank, is_collect=True)
+
+
+def rollout_mismatch_metrics(
+    old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, response_mask: torch.Tensor
+) -> dict[str, float]:
+    """Train-vs-rollout mismatch on the same tokens: |p_train − p_rollout| stats plus ``rollout_corr/*``."""
+    mask = response_mask.bool()
+    if not bool(mask.any()):
+        return {}
+    diff = (old_log_probs.exp() - rollout_log_probs.exp()).abs()[mask]
+    metrics = {
+        "training/rollout_probs_diff_max": float(diff.max()),
+        "training/rollout_probs_diff_mean": float(diff.mean()),
+        "training/rollout_probs_diff_std": float(diff.std()) if diff.numel() > 1 else 0.0,
+    }
+    metrics.update(compute_rollout_corr_metrics_from_logprobs(old_log_probs, rollout_log_probs, response_mask))
+    return metrics
+
+
+class ActorRolloutRefWorker(Worker):
+    """Actor (trainer), rollout engine and/or reference policy in one process.
+
+    Args:
+        config: the ``actor_rollout_ref`` config (``model``, ``actor``, ``rollout``, ``ref``).
+        role: ``actor`` | ``rollout`` | ``ref`` | ``actor_rollout`` | ``actor_rollout_ref``.
+    """
+
+    def __init__(self, config: Any, role: str, **kwargs: Any) -> None:
+        super().__init__()
+        if role not in ROLES:
+            raise ValueError(f"ActorRolloutRefWorker role={role!r}; use one of {list(ROLES)}")
+        self.config = config
+        self.role = role
+        self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
+        self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
+        self._is_ref = role in ("ref", "actor_rollout_ref")
+        initialize_global_process_group()
+        self.model_config = build_model_config(config["model"])
+        self.rollout_config = build_rollout_config(config["rollout"]) if self._is_rollout or self._is_actor else None
+        self.actor_config = None
+        if self._is_actor:
+            rollout_n = self.rollout_config.n if self.rollout_config is not None else 1
+            self.actor_config = build_actor_config(config["actor"], rollout_n=rollout_n, dp_size=self.world_size)
+        self.ref_config = build_ref_config(config.get("ref", {})) if self._is_ref else None
+        self.verify_weight_sync = bool(int(os.environ.get("VERL_VERIFY_WEIGHT_SYNC", "0")))
+        self._rollout_asleep = False
+        _register_meshes(self)
+
+    # ------------------------------------------------------------------ set-up
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        """Build the engines of this worker's roles (every rank together); sync the rollout once."""
+        model = self.model_config
+        common = {
+            "enable_gradient_checkpointing": model.enable_gradient_checkpointing,
+            "trust_remote_code": model.trust_remote_code,
+            "override_config": model.override_config,
+        }
+        if self._is_actor:
+            self.actor_engine = FSDPEngine(
+                model.path, self.actor_config.fsdp_config, self.actor_config.optim, role="actor", **common
+            )
+            self.actor = DataParallelPPOActor(self.actor_config, self.actor_engine.module, self.actor_engine.optimizer)
+        if self._is_ref:
+            self.ref_engine = FSDPEngine(
+                model.path,
+                self.ref_config.fsdp_config,
+                None,
+                role="ref",
+                trust_remote_code=model.trust_remote_code,
+                override_config=model.override_config,
+            )
+            self.ref_policy = DataParallelPPOActor(self.ref_config, self.ref_engine.module)
+        if self._is_rollout:
+            from verl.workers.rollout import get_rollout_class
+
+            cfg = self.rollout_config
+            self.rollout = get_rollout_class(cfg.name)(config=cfg, model_path=model.path, device=get_device_name())
+            self.checkpoint_engine = get_checkpoint_engine(cfg.checkpoint_engine, dtype=cfg.dtype)
+            if self._is_actor:
+                self.update_weights()
+            if cfg.free_cache_engine:
+                self.sleep()
+
+    # ------------------------------------------------------------------ rollout
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="rollout"))
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Generate responses for this rank's prompts (waking and syncing a sleeping engine first)."""
+        if not self._is_rollout:
+            raise RuntimeError(f"generate_sequences on a worker of role {self.role!r}, which has no rollout engine")
+        if self._rollout_asleep:
+            self.wake_up()
+        start = time.perf_counter()
+        output = self.rollout.generate_sequences(prompts)
+        seconds = time.perf_counter() - start
+        if self.rollout_config.free_cache_engine:
+            self.sleep()
+        output.meta_info.setdefault("metrics", {})["timing_s/generate_sequences"] = seconds
+        return output
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def update_weights(self) -> dict[str, float]:
+        """Wake the rollout engine and load the actor's current weights into it (verified when asked)."""
+        if not (self._is_actor and self._is_rollout):
+            raise RuntimeError(f"update_weights needs the actor and the rollout in one worker, role is {self.role!r}")
+        self.rollout.wake_up(["weights"])
+        bucket = self.rollout_config.checkpoint_engine.update_weights_bucket_megabytes * 2**20
+        stats = self.checkpoint_engine.send_weights(
+            self.actor_engine.iter_full_state_dict(bucket_bytes=bucket), self.rollout, verify=self.verify_weight_sync
+        )
+        self.rollout.wake_up(["kv_cache"])
+        self._rollout_asleep = False
+        return {f"weight_sync/{k}": v for k, v in stats.items()}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sleep(self) -> int:
+        """Put the rollout engine to sleep; returns the bytes it still holds."""
+        self.rollout.sleep()
+        self._rollout_asleep = True
+        return self.rollout.memory_bytes()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def wake_up(self) -> int:
+        """Wake the rollout engine with the actor's current weights (or its own, for a rollout-only worker)."""
+        if self._is_actor:
+            self.update_weights()
+        else:
+            self.rollout.wake_up(["weights", "kv_cache"])
+            self._rollout_asleep = False
+        return self.rollout.memory_bytes()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def set_weight_sync_verification(self, enabled: bool) -> None:
+        """Check every weight sync bit for bit (always on in tests; env ``VERL_VERIFY_WEIGHT_SYNC=1``)."""
+        self.verify_weight_sync = bool(enabled)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def rollout_named_weight_digests(self) -> dict[str, str]:
+        """Digests of the rollout engine's weights (for tests and debugging)."""
+        from verl.checkpoint_engine import tensor_digest
+
+        return {name: tensor_digest(t) for name, t in self.rollout.named_weights()}
+
+    # ------------------------------------------------------------------ actor / ref
+    def _log_prob_meta(self, data: DataProto, micro: int | None) -> DataProto:
+        data.meta_info.setdefault("temperature", self.rollout_config.temperature if self.rollout_config else 1.0)
+        data.meta_info["micro_batch_size"] = micro or len(data)
+        return data
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """``old_log_probs`` (+ ``entropys``) of the responses under the current actor; mismatch metrics against
+        ``rollout_log_probs`` when the batch carries them."""
+        if not self._is_actor:
+            raise RuntimeError(f"compute_log_prob on a worker of role {self.role!r}, which has no actor")
+        micro = self.rollout_config.log_prob_micro_batch_size_per_gpu if self.rollout_config else None
+        data = self._log_prob_meta(data, micro)
+        log_probs, entropys = self.actor.compute_log_prob(data, calculate_entropy=True)
+        metrics: dict[str, float] = {}
+        mask = data.batch["response_mask"] if "response_mask" in data.batch.keys() else None
+        if mask is not None:
+            metrics["actor/entropy"] = float(masked_mean(entropys, mask))
+            if "rollout_log_probs" in data.batch.keys():
+                metrics.update(rollout_mismatch_metrics(log_probs, data.batch["rollout_log_probs"], mask))
+        return DataProto.from_dict({"old_log_probs": log_probs, "entropys": entropys}, meta_info=_metrics_meta(metrics))
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="ref"))
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        """``ref_log_prob`` of the responses under the frozen reference policy."""
+        if not self._is_ref:
+            raise RuntimeError(f"compute_ref_log_prob on a worker of role {self.role!r}, which has no ref policy")
+        data = self._log_prob_meta(data, self.ref_config.log_prob_micro_batch_size_per_gpu)
+        log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
+        return DataProto.from_dict({"ref_log_prob": log_probs})
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
+    def update_actor(self, data: DataProto) -> DataProto:
+        """One PPO update of the actor on this rank's share; returns ``actor/*`` metrics (and ``actor/lr``)."""
+        if not self._is_actor:
+            raise RuntimeError(f"update_actor on a worker of role {self.role!r}, which has no actor")
+        data.meta_info.setdefault("temperature", self.rollout_config.temperature if self.rollout_config else 1.0)
+        start = time.perf_counter()
+        metrics: dict[str, Any] = self.actor.update_policy(data)
+        metrics["actor/lr"] = self.actor_engine.get_lr()
+        self.actor_engine.lr_scheduler_step()
+        metrics["perf/update_actor_seconds"] = time.perf_counter() - start
+        return DataProto(meta_info=_metrics_meta(metrics))
+
+    # ------------------------------------------------------------------ checkpoints
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(
+        self, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None
+    ) -> None:
+        """Save the actor's sharded model, optimizer and scheduler under ``local_path``."""
+        self.actor_engine.save_checkpoint(local_path)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False):
+        """Load what :meth:`save_checkpoint` wrote; the rollout is re-synced on its next wake-up."""
+        self.actor_engine.load_checkpoint(local_path)
+        if self._is_rollout:
+            self._rollout_asleep = True
+
+
+class CriticWorker(Worker):
+    """The value model: ``compute_values`` and ``update_critic``.
+
+    Args:
+        config: the ``critic`` config.
+    """
+
+    def __init__(self, config: Any, **kwargs: Any) -> None:
+        super().__init__()
+        initialize_global_process_group()
+        self.config = build_critic_config(config, dp_size=self.world_size)
+        _register_meshes(self)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        cfg = self.config
+        self.critic_engine = FSDPEngine(
+            cfg.model.path,
+            cfg.model.fsdp_config,
+            cfg.optim,
+            role="critic",
+            enable_gradient_checkpointing=cfg.model.enable_gradient_checkpointing,
+            trust_remote_code=cfg.model.trust_remote_code,
+            override_config=cfg.model.override_config,
+        )
+        self.critic = DataParallelPPOCritic(cfg, self.critic_engine.module, self.critic_engine.optimizer)
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="critic"))
+    def compute_values(self, data: DataProto) -> DataProto:
+        data.meta_info["micro_batch_size"] = self.config.forward_micro_batch_size_per_gpu or len(data)
+        return DataProto.from_dict({"values": self.critic.compute_values(data)})
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="critic"))
+    def update_critic(self, data: DataProto) -> DataProto:
+        metrics: dict[str, Any] = self.critic.update_critic(data)
+        metrics["critic/lr"] = self.critic_engine.get_lr()
+        self.critic_engine.lr_scheduler_step()
+        return DataProto(meta_info=_metrics_meta(metrics))
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(
+        self, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None
+    ) -> None:
+        self.critic_engine.save_checkpoint(local_path)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False):
+        self.critic_engine.load_checkpoint(local_path)
+
+
+class RewardModelWorker(Worker):
+    """A reward model scoring whole sequences: ``rm_scores`` holds its score at the last response token.
+
+    Args:
+        config: the ``reward_model`` config (``model.path``, ``micro_batch_size_per_gpu``, ``model.fsdp_config``).
+    """
+
+    def __init__(self, config: Any, **kwargs: Any) -> None:
+        super().__init__()
+        initialize_global_process_group()
+        self.config = config
+        _register_meshes(self)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        model_cfg = self.config["model"]
+        fsdp_config = dict(model_cfg.get("fsdp_config", {}) or {})
+        fsdp_config["forward_only"] = True
+        self.rm_engine = FSDPEngine(
+            model_cfg["path"],
+            fsdp_config,
+            None,
+            role="reward_model",
+            trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
+        )
+
+    @torch.no_grad()
+    def _score(self, batch: DataProto) -> torch.Tensor:
+        b = batch.batch
+        output = self.rm_engine.module(
+            input_ids=b["input_ids"],
+            attention_mask=b["attention_mask"],
+            position_ids=b["position_ids"],
+            use_cache=False,
+        )
+        logits = output.logits.squeeze(-1).float()  # (bs, seq): a score per position
+        positions = torch.arange(logits.shape[-1], device=logits.device)
+        last = (positions * b["attention_mask"]).argmax(-1, keepdim=True)  # the last attended position
+        return logits.gather(-1, last).squeeze(-1)
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="reward"))
+    def compute_rm_score(self, data: DataProto) -> DataProto:
+        """``rm_scores`` (bs, response_length): the model's score of each sequence at its last response token."""
+        micro = self.config.get("micro_batch_size_per_gpu") or len(data)
+        scores = torch.cat([self._score(m) for m in data.split(micro)])
+        if hasattr(self.rm_engine.module, "reshard"):
+            self.rm_engine.module.reshard()
+        response_mask = data.batch["response_mask"] if "response_mask" in data.batch.keys() else None
+        responses = data.batch["responses"]
+        if response_mask is None:
+            response_mask = data.batch["attention_mask"][:, -responses.shape[-1] :]
+        rm_scores = torch.zeros(responses.shape, dtype=torch.float32)
+        last = (response_mask.sum(-1) - 1).clamp(min=0)
+        rm_scores[torch.arange(len(data)), last] = scores * (response_mask.sum(-1) > 0)
+        return DataProto.from_dict({"rm_scores": rm_scores})
