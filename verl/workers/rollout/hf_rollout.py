@@ -12,43 +12,28 @@ from __future__ import annotations
 
 import collections.abc
 import gc
-import hashlib
 import inspect
 import logging
-import struct
 from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from verl.protocol import DataProto
 from verl.workers.config.rollout import RolloutConfig
 from verl.workers.rollout.base import BaseRollout, register_rollout
+from verl.workers.rollout.request import (
+    TORCH_DTYPES,
+    as_id_list,
+    assemble_output,
+    plan_generation,
+    sample_seed,
+)
 
 __all__ = ["HFRollout", "sample_seed", "sample_tokens"]
 
 logger = logging.getLogger(__name__)
-
-_TORCH_DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-
-
-def sample_seed(seed: int, step: int, prompt_index: int, sample_index: int) -> int:
-    """The seed of one sample's generator: a hash of (seed, step, prompt index, sample index), in [0, 2**63)."""
-    values = (seed, step, prompt_index, sample_index)
-    if any(not _INT64_MIN <= int(v) <= _INT64_MAX for v in values):
-        raise ValueError(f"sample_seed arguments must fit in int64, got {values}")
-    digest = hashlib.blake2b(struct.pack("<4q", *map(int, values)), digest_size=8, person=b"verl-rollout").digest()
-    return int.from_bytes(digest, "little") & _INT64_MAX
 
 
 def _draw_uniforms(seeds: Iterable[int], length: int) -> torch.Tensor:
@@ -105,38 +90,6 @@ def sample_tokens(
     return tokens, log_probs.gather(-1, tokens[:, None]).squeeze(-1)
 
 
-def _as_int(key: str, value: Any, low: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise ValueError(f"meta_info[{key!r}]={value!r} must be an integer")
-    if low is not None and value < low:
-        raise ValueError(f"meta_info[{key!r}]={value!r} must be >= {low}")
-    return int(value)
-
-
-def _as_id_list(value: Any) -> list[int]:
-    """An int, or a non-empty list of ints → a list of non-negative ints (``[]`` for None)."""
-    if value is None:
-        return []
-    items = list(value) if isinstance(value, list | tuple) else [value]
-    if not items or any(isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 0 for v in items):
-        raise ValueError(f"meta_info['eos_token_id']={value!r} must be a token id or a non-empty list of token ids")
-    return [int(v) for v in items]
-
-
-def _row_index(prompts: DataProto, key: str, rows: int) -> torch.Tensor | None:
-    """The optional per-row int64 tensor ``key`` (``prompt_index`` / ``sample_index``), validated; None if absent."""
-    if key not in prompts.batch.keys():
-        return None
-    value = prompts.batch[key]
-    if value.shape != (rows,) or value.dtype.is_floating_point or value.dtype == torch.bool:
-        raise ValueError(
-            f"prompts[{key!r}] must be an integer tensor of shape ({rows},), got {value.dtype} {value.shape}"
-        )
-    if rows and int(value.min()) < 0:
-        raise ValueError(f"prompts[{key!r}] must be >= 0; row {int(value.argmin())} is {int(value.min())}")
-    return value.to("cpu", torch.int64)
-
-
 @register_rollout("hf")
 class HFRollout(BaseRollout):
     """The torch engine: a transformers causal LM with our batched, KV-cached, per-sample-seeded decode loop.
@@ -161,7 +114,7 @@ class HFRollout(BaseRollout):
         hf_kwargs = self.config.engine_kwargs.get("hf", {})
         if not isinstance(hf_kwargs, collections.abc.Mapping):
             raise ValueError(f"rollout.engine_kwargs.hf must be a mapping, got {type(hf_kwargs).__name__}")
-        self.dtype = _TORCH_DTYPES[self.config.dtype]
+        self.dtype = TORCH_DTYPES[self.config.dtype]
         dtype_key = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
         model = transformers.AutoModelForCausalLM.from_pretrained(
             self.model_path, **{dtype_key: self.dtype, **hf_kwargs}
@@ -178,7 +131,7 @@ class HFRollout(BaseRollout):
         self._unfilled: set[str] = set()  # woken weights not yet written by update_weights
         generation = getattr(self.model, "generation_config", None)
         eos = getattr(generation, "eos_token_id", None)
-        self._default_eos = _as_id_list(eos if eos is not None else getattr(self.model.config, "eos_token_id", None))
+        self._default_eos = as_id_list(eos if eos is not None else getattr(self.model.config, "eos_token_id", None))
         pad = getattr(generation, "pad_token_id", None)
         self._default_pad = pad if pad is not None else getattr(self.model.config, "pad_token_id", None)
         logger.info("HFRollout: %s on %s (%s)", self.model_path, self.device, self.dtype)
@@ -260,110 +213,32 @@ class HFRollout(BaseRollout):
                 f"update_weights() with the trainer's weights before generate_sequences"
             )
 
-    def _read_prompts(self, prompts: DataProto) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Validated ``input_ids``, ``attention_mask``, ``position_ids`` on the engine device."""
-        if prompts.batch is None:
-            raise ValueError(
-                "generate_sequences: the DataProto has no tensors; it needs input_ids, attention_mask and position_ids"
-            )
-        missing = [k for k in ("input_ids", "attention_mask", "position_ids") if k not in prompts.batch.keys()]
-        if missing:
-            raise ValueError(f"generate_sequences: prompts lack the key(s) {missing}")
-        ids, mask, pos = (prompts.batch[k] for k in ("input_ids", "attention_mask", "position_ids"))
-        if ids.dim() != 2 or mask.shape != ids.shape or pos.shape != ids.shape:
-            raise ValueError(
-                f"generate_sequences: input_ids, attention_mask and position_ids must share one (batch, prompt_length) "
-                f"shape; got {tuple(ids.shape)}, {tuple(mask.shape)}, {tuple(pos.shape)}"
-            )
-        if ids.dtype.is_floating_point or ids.dtype == torch.bool:
-            raise ValueError(f"generate_sequences: input_ids must hold integer token ids, got {ids.dtype}")
-        if len(ids) == 0:
-            return ids, mask, pos
-        mask_i = mask.long()
-        bad = ((mask_i != 0) & (mask_i != 1)).any(-1) | (mask_i.diff(dim=-1) < 0).any(-1) | (mask_i[:, -1] == 0)
-        if bad.any():
-            row = int(bad.nonzero()[0])
-            raise ValueError(
-                f"generate_sequences: prompt row {row} is not left-padded with at least one token (attention_mask "
-                f"must be 0…0 1…1 and end in 1): {mask_i[row].tolist()[-16:]}"
-            )
-        vocab = self.model.get_input_embeddings().num_embeddings
-        valid_ids = ids.masked_fill(mask_i == 0, 0)
-        bad = ((valid_ids < 0) | (valid_ids >= vocab)).any(-1)
-        if bad.any():
-            row = int(bad.nonzero()[0])
-            raise ValueError(f"generate_sequences: prompt row {row} has token ids outside the vocabulary [0, {vocab})")
-        return ids.to(self.device, torch.long), mask.to(self.device), pos.to(self.device, torch.long)
-
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Generate ``n`` responses per prompt row; see :class:`BaseRollout` for the keys. Meta keys read:
-        ``eos_token_id``, ``pad_token_id``, ``do_sample``, ``validate`` (use ``val_kwargs``), ``global_steps`` (the
-        step, for seeding), ``n``. Optional per-row int tensors: ``prompt_index`` (default: the row index) and
-        ``sample_index`` (sample j of a row uses sample index ``sample_index * n + j``; default ``j``)."""
+        """Generate ``n`` responses per prompt row; see :class:`BaseRollout` for the keys and
+        :func:`~verl.workers.rollout.request.plan_generation` for the meta keys and per-row tensors read."""
         self._check_ready()
-        input_ids, prompt_mask, position_ids = self._read_prompts(prompts)
-        meta = prompts.meta_info
-        params = self.config.val_kwargs if meta.get("validate", False) else self.config
-        n = _as_int("n", meta.get("n", params.n), 1)
-        do_sample = meta.get("do_sample", params.do_sample)
-        if not isinstance(do_sample, bool | np.bool_):
-            raise ValueError(f"meta_info['do_sample']={do_sample!r} must be true or false")
-        greedy = not do_sample or params.temperature == 0
-        step = _as_int("global_steps", meta.get("global_steps", 0), 0)
-        eos_ids = _as_id_list(meta.get("eos_token_id")) or self._default_eos
-        if not eos_ids and not self.config.ignore_eos:
-            raise ValueError("generate_sequences: no eos_token_id in meta_info nor in the model's generation config")
-        pad = meta.get("pad_token_id", self._default_pad)
-        if pad is None:
-            pad = eos_ids[0] if eos_ids else 0
-        pad = _as_int("pad_token_id", pad, 0)
-
-        rows, resp_len = input_ids.shape[0], self.config.response_length
-        prompt_index = _row_index(prompts, "prompt_index", rows)
-        sample_base = _row_index(prompts, "sample_index", rows)
-        uniforms = None
-        if not greedy:
-            p_idx = prompt_index.tolist() if prompt_index is not None else range(rows)
-            s_base = sample_base.tolist() if sample_base is not None else [0] * rows
-            seeds = [
-                sample_seed(self.config.seed, step, p, s * n + j)
-                for p, s in zip(p_idx, s_base, strict=True)
-                for j in range(n)
-            ]
-            uniforms = _draw_uniforms(seeds, resp_len).to(self.device)
-        if rows:
+        plan = plan_generation(
+            prompts,
+            self.config,
+            self._default_eos,
+            self._default_pad,
+            vocab_size=self.model.get_input_embeddings().num_embeddings,
+        )
+        uniforms = None if plan.seeds is None else _draw_uniforms(plan.seeds, plan.response_length).to(self.device)
+        if plan.rows:
             responses, log_probs, lengths = self._decode(
-                input_ids, prompt_mask, position_ids, n, uniforms, params, eos_ids, pad
+                plan.input_ids.to(self.device),
+                plan.prompt_mask.to(self.device),
+                plan.position_ids.to(self.device),
+                plan.n,
+                uniforms,
+                plan.params,
+                plan.eos_ids,
+                plan.pad,
             )
         else:
-            responses = torch.full((0, resp_len), pad, dtype=torch.long, device=self.device)
-            log_probs = torch.zeros(0, resp_len, device=self.device)
-            lengths = torch.zeros(0, dtype=torch.long, device=self.device)
-
-        response_mask = torch.arange(resp_len, device=self.device)[None, :] < lengths[:, None]
-        bad = response_mask & ~torch.isfinite(log_probs)
-        if bad.any():
-            row, col = (int(v) for v in bad.nonzero()[0])
-            raise RuntimeError(
-                f"generate_sequences: non-finite log-probability for sample row {row} at response position {col}; "
-                f"the engine's weights or logits contain NaN/inf"
-            )
-        prompt_ids = input_ids.repeat_interleave(n, dim=0)
-        response_mask = response_mask.to(prompt_mask.dtype)
-        attention_mask = torch.cat([prompt_mask.repeat_interleave(n, dim=0), response_mask], dim=-1)
-        out_device = prompts.batch["input_ids"].device
-        tensors = {
-            "prompts": prompt_ids,
-            "responses": responses,
-            "input_ids": torch.cat([prompt_ids, responses], dim=-1),
-            "attention_mask": attention_mask,
-            "position_ids": (attention_mask.long().cumsum(-1) - 1).clamp_(min=0),
-            "response_mask": response_mask,
-            "rollout_log_probs": log_probs * response_mask,
-        }
-        tensors = {k: v.to(out_device) for k, v in tensors.items()}
-        non_tensors = {k: np.repeat(v, n, axis=0) for k, v in prompts.non_tensor_batch.items()}
-        return DataProto.from_dict(tensors, non_tensors, meta_info=dict(meta))
+            responses, log_probs, lengths = plan.empty_outputs()
+        return assemble_output(prompts, plan, responses, log_probs, lengths)
 
     @torch.no_grad()
     def _decode(

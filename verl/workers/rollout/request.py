@@ -1,0 +1,231 @@
+"""What every rollout engine does around its decode loop: read and validate the prompts, settle the sampling plan
+(``n``, greedy or not, EOS / pad ids, one seed per sample), and assemble the output batch of the rollout contract.
+
+Engines differ only in how they turn a :class:`GenerationPlan` into responses, log-probs and lengths.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from verl.protocol import DataProto
+
+__all__ = [
+    "TORCH_DTYPES",
+    "GenerationPlan",
+    "as_id_list",
+    "as_int",
+    "assemble_output",
+    "plan_generation",
+    "read_prompts",
+    "sample_seed",
+]
+
+TORCH_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def sample_seed(seed: int, step: int, prompt_index: int, sample_index: int) -> int:
+    """The seed of one sample's generator: a hash of (seed, step, prompt index, sample index), in [0, 2**63)."""
+    values = (seed, step, prompt_index, sample_index)
+    if any(not _INT64_MIN <= int(v) <= _INT64_MAX for v in values):
+        raise ValueError(f"sample_seed arguments must fit in int64, got {values}")
+    digest = hashlib.blake2b(struct.pack("<4q", *map(int, values)), digest_size=8, person=b"verl-rollout").digest()
+    return int.from_bytes(digest, "little") & _INT64_MAX
+
+
+def as_int(key: str, value: Any, low: int | None = None) -> int:
+    """``meta_info[key]`` as an int (>= ``low``), or a ValueError naming the key."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise ValueError(f"meta_info[{key!r}]={value!r} must be an integer")
+    if low is not None and value < low:
+        raise ValueError(f"meta_info[{key!r}]={value!r} must be >= {low}")
+    return int(value)
+
+
+def as_id_list(value: Any) -> list[int]:
+    """An int, or a non-empty list of ints → a list of non-negative ints (``[]`` for None)."""
+    if value is None:
+        return []
+    items = list(value) if isinstance(value, list | tuple) else [value]
+    if not items or any(isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 0 for v in items):
+        raise ValueError(f"meta_info['eos_token_id']={value!r} must be a token id or a non-empty list of token ids")
+    return [int(v) for v in items]
+
+
+def _row_index(prompts: DataProto, key: str, rows: int) -> torch.Tensor | None:
+    """The optional per-row int64 tensor ``key`` (``prompt_index`` / ``sample_index``), validated; None if absent."""
+    if key not in prompts.batch.keys():
+        return None
+    value = prompts.batch[key]
+    if value.shape != (rows,) or value.dtype.is_floating_point or value.dtype == torch.bool:
+        raise ValueError(
+            f"prompts[{key!r}] must be an integer tensor of shape ({rows},), got {value.dtype} {value.shape}"
+        )
+    if rows and int(value.min()) < 0:
+        raise ValueError(f"prompts[{key!r}] must be >= 0; row {int(value.argmin())} is {int(value.min())}")
+    return value.to("cpu", torch.int64)
+
+
+def read_prompts(prompts: DataProto, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Validated ``input_ids`` (int64), ``attention_mask``, ``position_ids`` (int64) of left-padded prompts."""
+    if prompts.batch is None:
+        raise ValueError(
+            "generate_sequences: the DataProto has no tensors; it needs input_ids, attention_mask and position_ids"
+        )
+    missing = [k for k in ("input_ids", "attention_mask", "position_ids") if k not in prompts.batch.keys()]
+    if missing:
+        raise ValueError(f"generate_sequences: prompts lack the key(s) {missing}")
+    ids, mask, pos = (prompts.batch[k] for k in ("input_ids", "attention_mask", "position_ids"))
+    if ids.dim() != 2 or mask.shape != ids.shape or pos.shape != ids.shape:
+        raise ValueError(
+            f"generate_sequences: input_ids, attention_mask and position_ids must share one (batch, prompt_length) "
+            f"shape; got {tuple(ids.shape)}, {tuple(mask.shape)}, {tuple(pos.shape)}"
+        )
+    if ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        raise ValueError(f"generate_sequences: input_ids must hold integer token ids, got {ids.dtype}")
+    if len(ids) == 0:
+        return ids.long(), mask, pos.long()
+    mask_i = mask.long()
+    bad = ((mask_i != 0) & (mask_i != 1)).any(-1) | (mask_i.diff(dim=-1) < 0).any(-1) | (mask_i[:, -1] == 0)
+    if bad.any():
+        row = int(bad.nonzero()[0])
+        raise ValueError(
+            f"generate_sequences: prompt row {row} is not left-padded with at least one token (attention_mask "
+            f"must be 0…0 1…1 and end in 1): {mask_i[row].tolist()[-16:]}"
+        )
+    valid_ids = ids.masked_fill(mask_i == 0, 0)
+    bad = ((valid_ids < 0) | (valid_ids >= vocab_size)).any(-1)
+    if bad.any():
+        row = int(bad.nonzero()[0])
+        raise ValueError(f"generate_sequences: prompt row {row} has token ids outside the vocabulary [0, {vocab_size})")
+    return ids.long(), mask, pos.long()
+
+
+@dataclass(frozen=True)
+class GenerationPlan:
+    """One ``generate_sequences`` call, settled: the prompts (on CPU) and how to sample from them.
+
+    ``seeds`` holds one seed per sample (rows × n, sample-major within a row) or None when decoding greedily.
+    ``params`` is the config or its ``val_kwargs`` (``temperature``, ``top_k``, ``top_p``).
+    """
+
+    input_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    position_ids: torch.Tensor
+    n: int
+    greedy: bool
+    params: Any
+    step: int
+    eos_ids: list[int]
+    pad: int
+    seeds: list[int] | None
+    response_length: int
+
+    @property
+    def rows(self) -> int:
+        return self.input_ids.shape[0]
+
+    def empty_outputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Responses, log-probs and lengths for a batch of no prompts."""
+        return (
+            torch.full((0, self.response_length), self.pad, dtype=torch.long),
+            torch.zeros(0, self.response_length),
+            torch.zeros(0, dtype=torch.long),
+        )
+
+
+def plan_generation(
+    prompts: DataProto, config: Any, default_eos: list[int], default_pad: int | None, vocab_size: int
+) -> GenerationPlan:
+    """Read a prompt batch and its meta_info into a :class:`GenerationPlan`.
+
+    Meta keys: ``eos_token_id`` (default: the model's), ``pad_token_id``, ``do_sample``, ``validate`` (sample with
+    ``val_kwargs``), ``global_steps`` (the step, for seeding), ``n``. Optional per-row int tensors: ``prompt_index``
+    (default: the row) and ``sample_index`` (sample j of a row uses sample index ``sample_index · n + j``; default j).
+    """
+    input_ids, prompt_mask, position_ids = read_prompts(prompts, vocab_size)
+    meta = prompts.meta_info
+    params = config.val_kwargs if meta.get("validate", False) else config
+    n = as_int("n", meta.get("n", params.n), 1)
+    do_sample = meta.get("do_sample", params.do_sample)
+    if not isinstance(do_sample, bool | np.bool_):
+        raise ValueError(f"meta_info['do_sample']={do_sample!r} must be true or false")
+    greedy = not do_sample or params.temperature == 0
+    step = as_int("global_steps", meta.get("global_steps", 0), 0)
+    eos_ids = as_id_list(meta.get("eos_token_id")) or list(default_eos)
+    if not eos_ids and not config.ignore_eos:
+        raise ValueError("generate_sequences: no eos_token_id in meta_info nor in the model's generation config")
+    pad = meta.get("pad_token_id", default_pad)
+    if pad is None:
+        pad = eos_ids[0] if eos_ids else 0
+    pad = as_int("pad_token_id", pad, 0)
+    rows = input_ids.shape[0]
+    prompt_index = _row_index(prompts, "prompt_index", rows)
+    sample_base = _row_index(prompts, "sample_index", rows)
+    seeds = None
+    if not greedy:
+        p_idx = prompt_index.tolist() if prompt_index is not None else range(rows)
+        s_base = sample_base.tolist() if sample_base is not None else [0] * rows
+        seeds = [
+            sample_seed(config.seed, step, p, s * n + j) for p, s in zip(p_idx, s_base, strict=True) for j in range(n)
+        ]
+    return GenerationPlan(
+        input_ids.cpu(),
+        prompt_mask.cpu(),
+        position_ids.cpu(),
+        n,
+        greedy,
+        params,
+        step,
+        eos_ids,
+        pad,
+        seeds,
+        config.response_length,
+    )
+
+
+def assemble_output(
+    prompts: DataProto, plan: GenerationPlan, responses: torch.Tensor, log_probs: torch.Tensor, lengths: torch.Tensor
+) -> DataProto:
+    """The rollout contract's output from responses (S, R), their log-probs (S, R) and lengths (S,), S = rows · n."""
+    device = responses.device
+    resp_len = plan.response_length
+    response_mask = torch.arange(resp_len, device=device)[None, :] < lengths.to(device)[:, None]
+    bad = response_mask & ~torch.isfinite(log_probs)
+    if bad.any():
+        row, col = (int(v) for v in bad.nonzero()[0])
+        raise RuntimeError(
+            f"generate_sequences: non-finite log-probability for sample row {row} at response position {col}; "
+            f"the engine's weights or logits contain NaN/inf"
+        )
+    prompt_mask = plan.prompt_mask.to(device)
+    prompt_ids = plan.input_ids.to(device).repeat_interleave(plan.n, dim=0)
+    response_mask = response_mask.to(prompt_mask.dtype)
+    attention_mask = torch.cat([prompt_mask.repeat_interleave(plan.n, dim=0), response_mask], dim=-1)
+    tensors = {
+        "prompts": prompt_ids,
+        "responses": responses,
+        "input_ids": torch.cat([prompt_ids, responses], dim=-1),
+        "attention_mask": attention_mask,
+        "position_ids": (attention_mask.long().cumsum(-1) - 1).clamp_(min=0),
+        "response_mask": response_mask,
+        "rollout_log_probs": log_probs * response_mask,
+    }
+    out_device = prompts.batch["input_ids"].device
+    tensors = {k: v.to(out_device) for k, v in tensors.items()}
+    non_tensors = {k: np.repeat(v, plan.n, axis=0) for k, v in prompts.non_tensor_batch.items()}
+    return DataProto.from_dict(tensors, non_tensors, meta_info=dict(prompts.meta_info))
