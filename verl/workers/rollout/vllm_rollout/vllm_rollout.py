@@ -137,6 +137,9 @@ class vLLMRollout(BaseRollout):  # noqa: N801 - veRL's public name
     """
 
     supports_sleep: ClassVar[bool] = False  # set per instance: True on CUDA
+    #: On CPU, keep linear weights dense so they can be read back (verification, ``named_weights``). False lets
+    #: vLLM pre-pack them (faster; benchmarks only).
+    cpu_dense_weights: ClassVar[bool] = True
 
     def __init__(self, config: RolloutConfig, model_path: str, device: str | torch.device = "cpu", **kwargs: Any):
         super().__init__(config, model_path, device, **kwargs)
@@ -170,12 +173,17 @@ class vLLMRollout(BaseRollout):  # noqa: N801 - veRL's public name
             engine_kwargs["kv_cache_memory_bytes"] = DEFAULT_CPU_KV_CACHE_BYTES
         if dist.is_available() and dist.is_initialized():
             engine_kwargs["distributed_executor_backend"] = "external_launcher"
+            # the external launcher reads the rank layout from the environment (a worker group sets it)
+            os.environ.setdefault("RANK", str(dist.get_rank()))
+            os.environ.setdefault("WORLD_SIZE", str(dist.get_world_size()))
+            os.environ.setdefault("LOCAL_RANK", "0")
         engine_kwargs.update(cfg.engine_kwargs.get("vllm", {}) or {})
         from vllm import LLM
 
-        with preserve_process_state(), _dense_cpu_linear_weights(not on_cuda):
+        dense = not on_cuda and self.cpu_dense_weights
+        with preserve_process_state(), _dense_cpu_linear_weights(dense):
             self.llm = LLM(**engine_kwargs)
-        if not on_cuda:
+        if dense:
             from vllm.model_executor.layers.linear import LinearBase
 
             for module in self._model().modules():
