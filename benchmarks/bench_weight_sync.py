@@ -119,7 +119,7 @@ def main() -> None:
     if dist.is_initialized():  # a vLLM engine destroys it when it shuts down
         dist.destroy_process_group()
     print(
-        f"# bench_weight_sync: 1 rank (gloo), trainer fp32 -> {args.engine} engine {args.rollout_dtype}, naive backend, "
+        f"# bench_weight_sync: 1 rank (gloo), trainer fp32 -> {args.engine} engine {args.rollout_dtype}, naive, "
         f"512 MiB buckets; median of {args.repeats}; torch {torch.__version__}, {os.cpu_count()} CPUs"
     )
     print(
