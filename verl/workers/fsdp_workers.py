@@ -96,8 +96,10 @@ class ActorRolloutRefWorker(Worker):
         self.actor_config = None
         if self._is_actor:
             rollout_n = self.rollout_config.n if self.rollout_config is not None else 1
-            self.actor_config = build_actor_config(config["actor"], rollout_n=rollout_n, dp_size=self.world_size)
-        self.ref_config = build_ref_config(config.get("ref", {})) if self._is_ref else None
+            self.actor_config = build_actor_config(
+                config["actor"], rollout_n=rollout_n, dp_size=self.world_size, model=self.model_config
+            )
+        self.ref_config = build_ref_config(config.get("ref", {}), model=self.model_config) if self._is_ref else None
         self.verify_weight_sync = bool(int(os.environ.get("VERL_VERIFY_WEIGHT_SYNC", "0")))
         self._rollout_asleep = False
         _register_meshes(self)
@@ -198,9 +200,11 @@ class ActorRolloutRefWorker(Worker):
         return {name: tensor_digest(t) for name, t in self.rollout.named_weights()}
 
     # ------------------------------------------------------------------ actor / ref
-    def _log_prob_meta(self, data: DataProto, micro: int | None) -> DataProto:
+    def _log_prob_meta(self, data: DataProto, micro: int | None, dynamic_bsz: bool, max_token_len: int) -> DataProto:
         data.meta_info.setdefault("temperature", self.rollout_config.temperature if self.rollout_config else 1.0)
         data.meta_info["micro_batch_size"] = micro or len(data)
+        data.meta_info["use_dynamic_bsz"] = dynamic_bsz
+        data.meta_info["max_token_len"] = max_token_len
         return data
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
@@ -209,8 +213,13 @@ class ActorRolloutRefWorker(Worker):
         ``rollout_log_probs`` when the batch carries them."""
         if not self._is_actor:
             raise RuntimeError(f"compute_log_prob on a worker of role {self.role!r}, which has no actor")
-        micro = self.rollout_config.log_prob_micro_batch_size_per_gpu if self.rollout_config else None
-        data = self._log_prob_meta(data, micro)
+        cfg = self.rollout_config
+        data = self._log_prob_meta(
+            data,
+            cfg.log_prob_micro_batch_size_per_gpu,
+            cfg.log_prob_use_dynamic_bsz,
+            cfg.log_prob_max_token_len_per_gpu,
+        )
         log_probs, entropys = self.actor.compute_log_prob(data, calculate_entropy=True)
         metrics: dict[str, float] = {}
         mask = data.batch["response_mask"] if "response_mask" in data.batch.keys() else None
@@ -225,7 +234,13 @@ class ActorRolloutRefWorker(Worker):
         """``ref_log_prob`` of the responses under the frozen reference policy."""
         if not self._is_ref:
             raise RuntimeError(f"compute_ref_log_prob on a worker of role {self.role!r}, which has no ref policy")
-        data = self._log_prob_meta(data, self.ref_config.log_prob_micro_batch_size_per_gpu)
+        ref = self.ref_config
+        data = self._log_prob_meta(
+            data,
+            ref.log_prob_micro_batch_size_per_gpu,
+            ref.log_prob_use_dynamic_bsz,
+            ref.log_prob_max_token_len_per_gpu,
+        )
         log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
         return DataProto.from_dict({"ref_log_prob": log_probs})
 
@@ -288,6 +303,8 @@ class CriticWorker(Worker):
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="critic"))
     def compute_values(self, data: DataProto) -> DataProto:
         data.meta_info["micro_batch_size"] = self.config.forward_micro_batch_size_per_gpu or len(data)
+        data.meta_info["use_dynamic_bsz"] = self.config.use_dynamic_bsz
+        data.meta_info["max_token_len"] = self.config.forward_max_token_len_per_gpu
         return DataProto.from_dict({"values": self.critic.compute_values(data)})
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="critic"))

@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from verl.protocol import DataProto
+from verl.utils.seqlen_balancing import rearrange_micro_batches
 from verl.utils.tiny_model import build_tiny_qwen2
 from verl.workers.actor import DataParallelPPOActor
+from verl.workers.actor.dp_actor import split_micro_batches
 
 PROMPT, RESPONSE, BATCH = 5, 6, 8
 
@@ -137,3 +139,101 @@ def test_non_finite_gradient_skips_the_step():
     metrics = actor.update_policy(data)
     assert not torch.isfinite(torch.tensor(metrics["actor/grad_norm"][0]))
     assert all(torch.equal(a, b) for a, b in zip(before, actor.actor_module.parameters()))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# use_remove_padding and use_dynamic_bsz give the padded, fixed-micro-batch results
+# ---------------------------------------------------------------------------------------------------------------
+# float32; the paths differ only in summation order (other matmul shapes, another micro-batch grouping). Measured:
+# log-probs ≤ 1e-6, entropy ≤ 5e-7, parameters after a step ≤ 3e-8. The tolerance is 1e-5, absolute.
+TOL = 1e-5
+PROMPT_LENS = [5, 2, 4, 1, 3, 5, 2, 4]
+RESPONSE_LENS = [6, 1, 3, 6, 2, 5, 4, 0]
+
+
+def make_ragged_batch(seed: int = 0) -> DataProto:
+    """Left-padded prompts and right-padded responses of assorted lengths (one response is empty)."""
+    data = make_batch(seed)
+    b = data.batch
+    b["attention_mask"].zero_()
+    b["response_mask"].zero_()
+    for row, (p, r) in enumerate(zip(PROMPT_LENS, RESPONSE_LENS)):
+        b["attention_mask"][row, PROMPT - p : PROMPT + r] = 1
+        b["response_mask"][row, :r] = 1
+    b["input_ids"].masked_fill_(b["attention_mask"] == 0, 0)
+    b["responses"] = b["input_ids"][:, PROMPT:]
+    b["position_ids"] = (b["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+    return data
+
+
+def assert_equal_within_tol(actual: torch.Tensor, expected: torch.Tensor, mask: torch.Tensor) -> None:
+    actual, expected = actual * mask, expected * mask
+    torch.testing.assert_close(actual, expected, rtol=0, atol=TOL)
+    assert not torch.allclose(actual + 1e-4 * mask, expected, rtol=0, atol=TOL)  # the tolerance can fail
+
+
+def assert_same_parameters(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    moved = False
+    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=TOL, msg=name)
+    for p, q in zip(a.parameters(), build_tiny_qwen2(seed=0).parameters()):
+        moved |= bool((p - q).abs().max() > 1e-3)
+    assert moved  # the step changed the model (else equal parameters would prove nothing)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_remove_padding_and_dynamic_bsz_log_probs_equal_the_padded_path(dynamic):
+    padded, packed = make_actor(config()), make_actor(config(use_remove_padding=True))
+    data = make_ragged_batch()
+    data.meta_info["micro_batch_size"] = 3
+    expected_lp, expected_ent = padded.compute_log_prob(data, calculate_entropy=True)
+    if dynamic:
+        data.meta_info.update(use_dynamic_bsz=True, max_token_len=12)  # 38 tokens → 4 micro-batches, reordered
+    log_probs, entropy = packed.compute_log_prob(data, calculate_entropy=True)
+    # compare wherever the predicting token is real: the response plus the first position after it
+    reading = data.batch["attention_mask"][:, PROMPT - 1 : -1]
+    assert_equal_within_tol(log_probs, expected_lp, reading)
+    assert_equal_within_tol(entropy, expected_ent, reading)
+    assert bool((log_probs[reading == 0] == 0).all())  # padding reads nothing in the packed path
+
+
+def test_dynamic_bsz_restores_row_order_in_the_padded_path():
+    actor = make_actor(config())
+    data = make_ragged_batch()
+    data.meta_info["micro_batch_size"] = 3
+    expected, _ = actor.compute_log_prob(data)
+    data.meta_info.update(use_dynamic_bsz=True, max_token_len=12)
+    _, groups = rearrange_micro_batches(data, max_token_len=12)
+    assert [i for g in groups for i in g] != list(range(len(data)))  # rows really were regrouped
+    log_probs, _ = actor.compute_log_prob(data)
+    assert_equal_within_tol(log_probs, expected, data.batch["response_mask"])
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"use_remove_padding": True},
+        {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 12},
+        {"use_remove_padding": True, "use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 12},
+    ],
+    ids=["remove_padding", "dynamic_bsz", "both"],
+)
+def test_update_equals_the_padded_fixed_micro_batch_update(overrides):
+    reference = make_actor(config(ppo_micro_batch_size_per_gpu=3))
+    actor = make_actor(config(ppo_micro_batch_size_per_gpu=3, **overrides))
+    expected = reference.update_policy(make_ragged_batch())
+    metrics = actor.update_policy(make_ragged_batch())
+    assert_same_parameters(actor.actor_module, reference.actor_module)
+    for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac"):
+        assert metrics[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-7), key
+
+
+def test_dynamic_bsz_and_micro_batch_errors():
+    data = make_ragged_batch()
+    data.meta_info["use_dynamic_bsz"] = True
+    with pytest.raises(ValueError, match="use_dynamic_bsz needs a token budget"):
+        make_actor(config()).compute_log_prob(data)
+    with pytest.raises(ValueError, match="a sequence of 11 tokens exceeds max_token_len=8"):
+        make_actor(config(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=8)).update_policy(make_ragged_batch())
+    with pytest.raises(ValueError, match="micro-batch size must be a positive integer, got 0"):
+        split_micro_batches(make_ragged_batch(), 0)

@@ -4,6 +4,10 @@ The actor sees this rank's share of a batch. ``update_policy`` walks ``ppo_epoch
 accumulating gradients over the micro-batches of a mini-batch and stepping the optimizer once per mini-batch. Loss
 aggregation gets the *global* token and sequence counts of the mini-batch (summed over the data-parallel ranks), so
 the gradient does not depend on how the batch was split over ranks and micro-batches.
+
+Two switches change how the work is cut, not the result: ``use_remove_padding`` forwards each micro-batch as one
+packed row of its valid tokens (`verl.utils.padding`), and ``use_dynamic_bsz`` forms micro-batches by a token budget
+instead of a row count (`verl.utils.seqlen_balancing.rearrange_micro_batches`), restoring the row order of outputs.
 """
 
 from __future__ import annotations
@@ -18,10 +22,12 @@ import torch.distributed as dist
 
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
+from verl.utils.padding import pack_forward, pad_input, response_slots
+from verl.utils.seqlen_balancing import rearrange_micro_batches, restore_order
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 from verl.workers.engine.optim import clip_grad_norm_and_step
 
-__all__ = ["DataParallelPPOActor", "global_counts"]
+__all__ = ["DataParallelPPOActor", "global_counts", "split_micro_batches"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +47,26 @@ def global_counts(response_mask: torch.Tensor) -> tuple[float, float, int]:
     return float(local[0]), float(local[1]), dp_size
 
 
+def split_micro_batches(
+    data: DataProto, micro_batch_size: int | None, use_dynamic_bsz: bool = False, max_token_len: int | None = None
+) -> tuple[list[DataProto], list[list[int]] | None]:
+    """Micro-batches of ``data``: ``micro_batch_size`` rows each, or with ``use_dynamic_bsz`` at most
+    ``max_token_len`` valid tokens each (the count agreed over the default process group, so FSDP collectives line
+    up). Returns them and, for dynamic ones, the row indices each holds (for ``restore_order``; None otherwise).
+
+    Raises:
+        ValueError: a missing or non-positive size or token budget.
+    """
+    if use_dynamic_bsz:
+        if max_token_len is None:
+            raise ValueError("use_dynamic_bsz needs a token budget (max_token_len / ppo_max_token_len_per_gpu)")
+        group = dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
+        return rearrange_micro_batches(data, max_token_len=int(max_token_len), dp_group=group)
+    if micro_batch_size is None or micro_batch_size <= 0:
+        raise ValueError(f"micro-batch size must be a positive integer, got {micro_batch_size!r}")
+    return data.split(int(micro_batch_size)), None
+
+
 class DataParallelPPOActor:
     """The PPO actor on one data-parallel rank.
 
@@ -58,55 +84,75 @@ class DataParallelPPOActor:
         self.config = config
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
+        self.use_remove_padding = bool(_get(config, "use_remove_padding", False))
 
     # ------------------------------------------------------------------ forward
     def _forward_micro_batch(
         self, micro_batch: DataProto, temperature: float, calculate_entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs (and entropy) of the response tokens. Shape: (micro_bs, response_length) each."""
+        """Log-probs (and entropy) of the response tokens. Shape: (micro_bs, response_length) each.
+
+        With ``use_remove_padding`` the model sees only the valid tokens, packed into one row; outputs at padding
+        (where the token that predicts a response token is itself padding) are 0.
+        """
         batch = micro_batch.batch
         responses = batch["responses"]
-        response_length = responses.shape[-1]
-        output = self.actor_module(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            position_ids=batch["position_ids"],
-            use_cache=False,
-        )
-        logits = output.logits[:, -response_length - 1 : -1, :]
+        bs, response_length = responses.shape
+        if self.use_remove_padding:
+            output, packed = pack_forward(
+                self.actor_module, batch["input_ids"], batch["attention_mask"], batch["position_ids"]
+            )
+            keep, slot = response_slots(packed, response_length)
+            logits = output.logits[0, keep]  # (kept, vocab)
+            labels = responses.reshape(-1)[slot]
+        else:
+            output = self.actor_module(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                position_ids=batch["position_ids"],
+                use_cache=False,
+            )
+            logits = output.logits[:, -response_length - 1 : -1, :]
+            labels = responses
         if temperature != 1.0:
             logits = logits / temperature
-        log_probs = logprobs_from_logits(logits, responses)
+        log_probs = logprobs_from_logits(logits, labels)
         entropy = entropy_from_logits(logits) if calculate_entropy else None
+        if self.use_remove_padding:
+            log_probs = pad_input(log_probs, slot, bs, response_length)
+            entropy = pad_input(entropy, slot, bs, response_length) if entropy is not None else None
         return log_probs, entropy
-
-    def _micro_batches(self, data: DataProto, size: int) -> list[DataProto]:
-        if size is None or size <= 0:
-            raise ValueError(f"micro-batch size must be a positive integer, got {size!r}")
-        return data.split(size)
 
     @torch.no_grad()
     def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs of ``data``'s responses under the current policy.
 
-        Reads ``meta_info["micro_batch_size"]`` (default ``rollout.log_prob_micro_batch_size_per_gpu`` via the
-        worker) and ``meta_info["temperature"]`` (default 1.0).
+        Reads ``meta_info``: ``micro_batch_size`` (default: the whole batch), ``temperature`` (default 1.0), and
+        ``use_dynamic_bsz`` / ``max_token_len`` (token-budget micro-batches; rows come back in ``data``'s order).
 
         Returns:
             ``(log_probs, entropys)``, each (bs, response_length); ``entropys`` is None unless asked for.
         """
-        micro_size = data.meta_info.get("micro_batch_size") or len(data)
-        temperature = float(data.meta_info.get("temperature", 1.0))
+        meta = data.meta_info
+        temperature = float(meta.get("temperature", 1.0))
         keys = ["responses", "input_ids", "attention_mask", "position_ids"]
+        micro_batches, order = split_micro_batches(
+            data.select(batch_keys=keys),
+            meta.get("micro_batch_size") or len(data),
+            bool(meta.get("use_dynamic_bsz", False)),
+            meta.get("max_token_len"),
+        )
         self.actor_module.eval()
         log_probs, entropys = [], []
-        for micro in self._micro_batches(data.select(batch_keys=keys), micro_size):
+        for micro in micro_batches:
             lp, ent = self._forward_micro_batch(micro, temperature, calculate_entropy)
             log_probs.append(lp)
             if ent is not None:
                 entropys.append(ent)
         if hasattr(self.actor_module, "reshard"):  # FSDP2: free the gathered params after a no-grad pass
             self.actor_module.reshard()
+        if order is not None:
+            return restore_order(log_probs, order), (restore_order(entropys, order) if calculate_entropy else None)
         return torch.cat(log_probs), (torch.cat(entropys) if calculate_entropy else None)
 
     # ------------------------------------------------------------------ update
@@ -119,6 +165,8 @@ class DataParallelPPOActor:
         temperature = float(data.meta_info.get("temperature", 1.0))
         mini_size = int(_get(cfg, "ppo_mini_batch_size_per_rank", len(data)))
         micro_size = int(_get(cfg, "ppo_micro_batch_size_per_gpu", mini_size))
+        use_dynamic_bsz = bool(_get(cfg, "use_dynamic_bsz", False))
+        max_token_len = _get(cfg, "ppo_max_token_len_per_gpu", 16384)
         if len(data) % mini_size:
             raise ValueError(
                 f"this rank holds {len(data)} samples, not a multiple of its mini-batch of {mini_size} "
@@ -164,7 +212,8 @@ class DataParallelPPOActor:
                 loss_config = self._with_batch_info(batch_info)
                 local_tokens = max(float(mini_batch.batch["response_mask"].sum()), 1.0)
                 sums: dict[str, float] = defaultdict(float)
-                for micro in mini_batch.split(micro_size):
+                micro_batches, _ = split_micro_batches(mini_batch, micro_size, use_dynamic_bsz, max_token_len)
+                for micro in micro_batches:
                     mb = micro.batch
                     mask = mb["response_mask"]
                     log_prob, entropy = self._forward_micro_batch(micro, temperature, calculate_entropy)

@@ -226,6 +226,7 @@ class RefConfig(BaseConfig):
     log_prob_max_token_len_per_gpu: int = 16384
     ulysses_sequence_parallel_size: int = 1
     use_torch_compile: bool = True
+    use_remove_padding: bool | None = None
     fsdp_config: FSDPEngineConfig = field(default_factory=lambda: FSDPEngineConfig(forward_only=True))
     profiler: dict[str, Any] = field(default_factory=dict)
 

@@ -34,17 +34,25 @@ def build_rollout_config(config: Any) -> RolloutConfig:
     return omega_conf_to_dataclass(config, RolloutConfig)
 
 
-def build_actor_config(config: Any, rollout_n: int, dp_size: int) -> ActorConfig:
+def build_actor_config(config: Any, rollout_n: int, dp_size: int, model: HFModelConfig | None = None) -> ActorConfig:
     """``actor_rollout_ref.actor`` → `ActorConfig` for one of ``dp_size`` ranks generating ``rollout_n`` samples
-    per prompt (its ``ppo_mini_batch_size_per_rank`` is derived from them)."""
+    per prompt (its ``ppo_mini_batch_size_per_rank`` is derived from them). An unset (null) ``use_remove_padding``
+    takes ``model.use_remove_padding``, as in veRL."""
     actor = omega_conf_to_dataclass(config, ActorConfig)
-    return dataclasses.replace(actor, rollout_n=rollout_n, data_parallel_size=dp_size)
+    derived: dict[str, Any] = {"rollout_n": rollout_n, "data_parallel_size": dp_size}
+    if actor.use_remove_padding is None and model is not None:
+        derived["use_remove_padding"] = bool(model.use_remove_padding)
+    return dataclasses.replace(actor, **derived)
 
 
-def build_ref_config(config: Any) -> RefConfig:
-    """``actor_rollout_ref.ref`` → `RefConfig` (its FSDP engine is always forward-only)."""
+def build_ref_config(config: Any, model: HFModelConfig | None = None) -> RefConfig:
+    """``actor_rollout_ref.ref`` → `RefConfig` (its FSDP engine is always forward-only; an unset
+    ``use_remove_padding`` takes the model's)."""
     ref = omega_conf_to_dataclass(config, RefConfig)
-    return dataclasses.replace(ref, fsdp_config=dataclasses.replace(ref.fsdp_config, forward_only=True))
+    derived: dict[str, Any] = {"fsdp_config": dataclasses.replace(ref.fsdp_config, forward_only=True)}
+    if ref.use_remove_padding is None and model is not None:
+        derived["use_remove_padding"] = bool(model.use_remove_padding)
+    return dataclasses.replace(ref, **derived)
 
 
 def build_critic_config(config: Any, dp_size: int) -> CriticConfig:

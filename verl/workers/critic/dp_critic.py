@@ -2,6 +2,9 @@
 
 The value model is a LM backbone with a scalar head (e.g. ``AutoModelForTokenClassification`` with one label); the
 value of response token ``t`` is read at the position before it, like the policy's log-prob.
+
+``model.use_remove_padding`` (packed forward) and ``use_dynamic_bsz`` (token-budget micro-batches) work as in
+`DataParallelPPOActor` and give the same values and updates as the padded, fixed-size path.
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ import torch
 
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import compute_value_loss
+from verl.utils.padding import pack_forward, pad_input, response_slots
+from verl.utils.seqlen_balancing import restore_order
 from verl.utils.torch_functional import masked_mean
-from verl.workers.actor.dp_actor import _get, global_counts
+from verl.workers.actor.dp_actor import _get, global_counts, split_micro_batches
 from verl.workers.engine.optim import clip_grad_norm_and_step
 
 __all__ = ["DataParallelPPOCritic"]
@@ -37,29 +42,54 @@ class DataParallelPPOCritic:
         self.config = config
         self.critic_module = critic_module
         self.critic_optimizer = critic_optimizer
+        # veRL reads critic.model.use_remove_padding; a flat mapping may carry it at the top level
+        remove_padding = _get(config, "use_remove_padding", None)
+        if remove_padding is None:
+            remove_padding = _get(_get(config, "model", {}), "use_remove_padding", False)
+        self.use_remove_padding = bool(remove_padding)
 
     def _forward_micro_batch(self, micro_batch: DataProto) -> torch.Tensor:
-        """Values of the response tokens. Shape: (micro_bs, response_length)."""
+        """Values of the response tokens. Shape: (micro_bs, response_length); 0 where the reading position is
+        padding in the packed (``use_remove_padding``) path."""
         batch = micro_batch.batch
-        response_length = batch["responses"].shape[-1]
-        output = self.critic_module(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            position_ids=batch["position_ids"],
-            use_cache=False,
-        )
+        bs, response_length = batch["responses"].shape
+        if self.use_remove_padding:
+            output, packed = pack_forward(
+                self.critic_module, batch["input_ids"], batch["attention_mask"], batch["position_ids"]
+            )
+        else:
+            output = self.critic_module(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                position_ids=batch["position_ids"],
+                use_cache=False,
+            )
         values = output.logits if hasattr(output, "logits") else output[0]
         if values.dim() == 3:
             values = values.squeeze(-1)
+        if self.use_remove_padding:
+            keep, slot = response_slots(packed, response_length)
+            return pad_input(values[0, keep].float(), slot, bs, response_length)
         return values[:, -response_length - 1 : -1].float()
 
     @torch.no_grad()
     def compute_values(self, data: DataProto) -> torch.Tensor:
-        """Values of ``data``'s response tokens, 0 outside the response mask. Shape: (bs, response_length)."""
-        micro_size = data.meta_info.get("micro_batch_size") or len(data)
+        """Values of ``data``'s response tokens, 0 outside the response mask. Shape: (bs, response_length).
+
+        Reads ``meta_info``: ``micro_batch_size`` (default: the whole batch) and ``use_dynamic_bsz`` /
+        ``max_token_len`` (token-budget micro-batches; rows come back in ``data``'s order).
+        """
+        meta = data.meta_info
         keys = ["responses", "input_ids", "attention_mask", "position_ids"]
+        micro_batches, order = split_micro_batches(
+            data.select(batch_keys=keys),
+            meta.get("micro_batch_size") or len(data),
+            bool(meta.get("use_dynamic_bsz", False)),
+            meta.get("max_token_len"),
+        )
         self.critic_module.eval()
-        values = torch.cat([self._forward_micro_batch(m) for m in data.select(batch_keys=keys).split(micro_size)])
+        outputs = [self._forward_micro_batch(m) for m in micro_batches]
+        values = restore_order(outputs, order) if order is not None else torch.cat(outputs)
         if hasattr(self.critic_module, "reshard"):
             self.critic_module.reshard()
         if "response_mask" in data.batch.keys():
@@ -78,6 +108,8 @@ class DataParallelPPOCritic:
         data = data.select(batch_keys=keys)
         mini_size = int(_get(cfg, "ppo_mini_batch_size_per_rank", len(data)))
         micro_size = int(_get(cfg, "ppo_micro_batch_size_per_gpu", mini_size))
+        use_dynamic_bsz = bool(_get(cfg, "use_dynamic_bsz", False))
+        max_token_len = _get(cfg, "ppo_max_token_len_per_gpu", 32768)
         if len(data) % mini_size:
             raise ValueError(
                 f"this rank holds {len(data)} samples, not a multiple of its mini-batch of {mini_size} "
@@ -96,7 +128,8 @@ class DataParallelPPOCritic:
                 tokens, seqs, dp_size = global_counts(mini_batch.batch["response_mask"])
                 local_tokens = max(float(mini_batch.batch["response_mask"].sum()), 1.0)
                 sums: dict[str, float] = defaultdict(float)
-                for micro in mini_batch.split(micro_size):
+                micro_batches, _ = split_micro_batches(mini_batch, micro_size, use_dynamic_bsz, max_token_len)
+                for micro in micro_batches:
                     mb = micro.batch
                     vpreds = self._forward_micro_batch(micro)
                     vf_loss, vf_clipfrac = compute_value_loss(

@@ -1,0 +1,198 @@
+"""Remove padding: run a HF model on the valid tokens of a padded batch packed into one row, and scatter back.
+
+A padded batch (bs, seqlen) with ``attention_mask`` becomes one row of ``total`` valid tokens, each sequence keeping
+its own position ids. Attention must not cross sequences. transformers (5.x) recovers the sequences of a packed row
+from its position ids when ``attention_mask`` is None: ``masking_utils`` (eager, sdpa, flex) splits wherever
+consecutive positions do not step by one, and the flash-attention path starts a sequence wherever the position equals
+the row's minimum. Both rules find the right boundaries when every sequence counts up by one from the same first
+position (0 for the usual ``cumsum(attention_mask) - 1`` ids), so then no mask is passed. Otherwise (e.g. a
+sequence whose positions continue the previous one's) :func:`packed_attention_mask` builds an explicit
+block-diagonal causal mask (eager and sdpa backends) or refuses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = [
+    "PackedSequences",
+    "block_causal_mask",
+    "pack_forward",
+    "packed_attention_mask",
+    "pad_input",
+    "positions_mark_boundaries",
+    "response_slots",
+    "unpad_input",
+]
+
+# attention backends that take an explicit 4-D additive mask
+_EXPLICIT_MASK_BACKENDS = ("eager", "sdpa")
+
+
+@dataclass(frozen=True)
+class PackedSequences:
+    """The valid tokens of a padded batch, end to end in one row.
+
+    Attributes:
+        input_ids: (1, total) token ids.
+        position_ids: (1, total) each token's position id from the padded batch.
+        indices: (total,) flat index of each token in the padded (bs × seqlen) layout.
+        cu_seqlens: (bs + 1,) int32 cumulative valid-token counts; sequence i is ``[cu[i], cu[i+1])``.
+        max_seqlen: the longest sequence's valid-token count.
+        batch_size, seqlen: the padded shape.
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    indices: torch.Tensor
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
+    batch_size: int
+    seqlen: int
+
+
+def unpad_input(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None = None
+) -> PackedSequences:
+    """Pack the tokens where ``attention_mask`` is 1, row by row.
+
+    Shape: ``input_ids``, ``attention_mask``, ``position_ids`` (bs, seqlen) → ``PackedSequences`` of total tokens.
+    Without ``position_ids`` each sequence's valid tokens get 0, 1, 2, ...
+
+    Raises:
+        ValueError: the tensors are not 2-D of one shape (multi-axis rope position ids are not supported).
+    """
+    if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"unpad_input needs 2-D input_ids and attention_mask of one shape, got {tuple(input_ids.shape)} and "
+            f"{tuple(attention_mask.shape)}"
+        )
+    if position_ids is None:
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    elif position_ids.shape != input_ids.shape:
+        raise ValueError(
+            f"unpad_input: position_ids {tuple(position_ids.shape)} must match input_ids {tuple(input_ids.shape)} "
+            "(multi-axis rope position ids are not supported with use_remove_padding)"
+        )
+    bs, seqlen = input_ids.shape
+    valid = attention_mask.reshape(-1).bool()
+    indices = valid.nonzero(as_tuple=False).squeeze(-1)
+    lengths = attention_mask.bool().sum(-1)
+    cu_seqlens = torch.zeros(bs + 1, dtype=torch.int32, device=input_ids.device)
+    cu_seqlens[1:] = lengths.cumsum(0)
+    return PackedSequences(
+        input_ids=input_ids.reshape(-1)[indices].unsqueeze(0),
+        position_ids=position_ids.reshape(-1)[indices].unsqueeze(0),
+        indices=indices,
+        cu_seqlens=cu_seqlens,
+        max_seqlen=int(lengths.max()) if bs else 0,
+        batch_size=bs,
+        seqlen=seqlen,
+    )
+
+
+def pad_input(values: torch.Tensor, indices: torch.Tensor, batch_size: int, seqlen: int) -> torch.Tensor:
+    """Scatter packed per-token values back into the padded layout, 0 at padding.
+
+    Shape: ``values`` (total, ...) with ``indices`` (total,) → (batch_size, seqlen, ...).
+
+    Raises:
+        ValueError: ``values`` and ``indices`` disagree on the token count.
+    """
+    if values.shape[0] != indices.numel():
+        raise ValueError(f"pad_input: {values.shape[0]} values for {indices.numel()} indices")
+    out = values.new_zeros((batch_size * seqlen, *values.shape[1:]))
+    out[indices] = values
+    return out.reshape(batch_size, seqlen, *values.shape[1:])
+
+
+def _sequence_ids(packed: PackedSequences) -> torch.Tensor:
+    """(total,) index of the sequence each packed token belongs to, counting only non-empty sequences."""
+    rows = packed.indices // packed.seqlen
+    return torch.unique_consecutive(rows, return_inverse=True)[1]
+
+
+def positions_mark_boundaries(packed: PackedSequences) -> bool:
+    """Whether transformers can recover the sequences from the packed position ids alone: each sequence starts at
+    the row's smallest position (and no other token has it) and steps by one inside."""
+    positions = packed.position_ids[0]
+    if positions.numel() == 0:
+        return True
+    seq = _sequence_ids(packed)
+    starts = torch.ones_like(seq, dtype=torch.bool)
+    starts[1:] = seq[1:] != seq[:-1]
+    steps = torch.diff(positions, prepend=positions[:1] - 1)
+    return bool(torch.equal(positions == positions.min(), starts) and (steps[~starts] == 1).all())
+
+
+def block_causal_mask(packed: PackedSequences, dtype: torch.dtype) -> torch.Tensor:
+    """An additive mask letting each packed token attend to earlier tokens of its own sequence only.
+
+    Shape: (1, 1, total, total); 0 where attention is allowed, the dtype's minimum elsewhere.
+    """
+    seq = _sequence_ids(packed)
+    total = seq.numel()
+    causal = torch.ones(total, total, dtype=torch.bool, device=seq.device).tril()
+    allowed = causal & (seq[:, None] == seq[None, :])
+    mask = torch.zeros(total, total, dtype=dtype, device=seq.device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+def packed_attention_mask(module: torch.nn.Module, packed: PackedSequences) -> torch.Tensor | None:
+    """The ``attention_mask`` to pass with packed inputs: None when the position ids already isolate the sequences,
+    else an explicit block-diagonal causal mask.
+
+    Raises:
+        ValueError: the positions do not mark the sequence boundaries and the model's attention backend takes no
+            explicit 4-D mask (e.g. flash attention).
+    """
+    if positions_mark_boundaries(packed):
+        return None
+    backend = getattr(getattr(module, "config", None), "_attn_implementation", None)
+    if backend not in _EXPLICIT_MASK_BACKENDS:
+        raise ValueError(
+            f"use_remove_padding: the position ids do not count up from 0 in every sequence, and attention backend "
+            f"{backend!r} takes no explicit mask; use one of {list(_EXPLICIT_MASK_BACKENDS)} or position ids that "
+            "restart at 0 per sequence"
+        )
+    dtype = next(module.parameters()).dtype
+    if not dtype.is_floating_point:
+        dtype = torch.float32
+    return block_causal_mask(packed, dtype)
+
+
+def pack_forward(
+    module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+) -> tuple[Any, PackedSequences]:
+    """Run ``module`` on the packed valid tokens of a padded batch.
+
+    Shape: inputs (bs, seqlen) → the model's output over (1, total) tokens, and the packing to scatter it back.
+    """
+    packed = unpad_input(input_ids, attention_mask, position_ids)
+    output = module(
+        input_ids=packed.input_ids,
+        position_ids=packed.position_ids,
+        attention_mask=packed_attention_mask(module, packed),
+        use_cache=False,
+    )
+    return output, packed
+
+
+def response_slots(packed: PackedSequences, response_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which packed tokens predict response tokens, and where their outputs go in a (bs, response_length) tensor.
+
+    The output at padded column ``c`` predicts token ``c + 1``, so response token ``j`` is read at column
+    ``seqlen - response_length - 1 + j`` (as ``logits[:, -response_length - 1 : -1]`` does in the padded layout).
+
+    Returns:
+        ``(keep, slot)``: ``keep`` (total,) bool selects the packed tokens; ``slot`` (kept,) is each one's flat index
+        into (bs × response_length), for :func:`pad_input`.
+    """
+    rows = packed.indices // packed.seqlen
+    cols = packed.indices % packed.seqlen - (packed.seqlen - response_length - 1)
+    keep = (cols >= 0) & (cols < response_length)
+    return keep, rows[keep] * response_length + cols[keep]
