@@ -166,6 +166,7 @@ class vLLMRollout(BaseRollout):  # noqa: N801 - veRL's public name
             "enable_prefix_caching": cfg.enable_prefix_caching,
             "logprobs_mode": cfg.logprobs_mode or "processed_logprobs",
             "trust_remote_code": bool(kwargs.get("trust_remote_code", False)),
+            "skip_tokenizer_init": cfg.skip_tokenizer_init,  # token ids in and out: no tokenizer needed
         }
         if on_cuda:
             engine_kwargs.update(gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=True)
