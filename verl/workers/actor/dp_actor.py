@@ -37,6 +37,22 @@ def _get(config: Any, key: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
+def iter_mini_batches(data: DataProto, config: Any, mini_size: int):
+    """``ppo_epochs`` passes over ``data`` in mini-batches of ``mini_size`` rows (reshuffled per epoch with
+    ``data_loader_seed + epoch`` when ``shuffle``). Yields ``(mini_batch, global batch info, local token count)``:
+    the info (dp size, tokens and sequences over all ranks) is what ``agg_loss`` needs to be split-invariant."""
+    for epoch in range(int(_get(config, "ppo_epochs", 1))):
+        order = data
+        if bool(_get(config, "shuffle", False)):
+            generator = torch.Generator().manual_seed(int(_get(config, "data_loader_seed", 42)) + epoch)
+            order = data.select_idxs(torch.randperm(len(data), generator=generator))
+        for mini_batch in order.split(mini_size):
+            mask = mini_batch.batch["response_mask"]
+            tokens, seqs, dp_size = global_counts(mask)
+            info = {"dp_size": dp_size, "batch_num_tokens": tokens, "global_batch_size": seqs}
+            yield mini_batch, info, max(float(mask.sum()), 1.0)
+
+
 def global_counts(response_mask: torch.Tensor) -> tuple[float, float, int]:
     """(valid tokens, sequences with a valid token) of ``response_mask`` summed over all ranks, and the dp size."""
     local = torch.stack([response_mask.sum(), (response_mask.sum(-1) > 0).sum()]).to(torch.float64).cpu()
@@ -196,56 +212,46 @@ class DataParallelPPOActor:
         entropy_coeff = float(_get(cfg, "entropy_coeff", 0.0))
         calculate_entropy = entropy_coeff != 0 or bool(_get(cfg, "calculate_entropy", False))
         grad_clip = float(_get(cfg, "grad_clip", 1.0))
-        shuffle = bool(_get(cfg, "shuffle", False))
-        seed = int(_get(cfg, "data_loader_seed", 42))
 
         metrics: dict[str, list[float]] = defaultdict(list)
         self.actor_module.train()
-        for epoch in range(int(_get(cfg, "ppo_epochs", 1))):
-            order = data
-            if shuffle:
-                generator = torch.Generator().manual_seed(seed + epoch)
-                order = data.select_idxs(torch.randperm(len(data), generator=generator))
-            for mini_batch in order.split(mini_size):
-                tokens, seqs, dp_size = global_counts(mini_batch.batch["response_mask"])
-                batch_info = {"dp_size": dp_size, "batch_num_tokens": tokens, "global_batch_size": seqs}
-                loss_config = self._with_batch_info(batch_info)
-                local_tokens = max(float(mini_batch.batch["response_mask"].sum()), 1.0)
-                sums: dict[str, float] = defaultdict(float)
-                micro_batches, _ = split_micro_batches(mini_batch, micro_size, use_dynamic_bsz, max_token_len)
-                for micro in micro_batches:
-                    mb = micro.batch
-                    mask = mb["response_mask"]
-                    log_prob, entropy = self._forward_micro_batch(micro, temperature, calculate_entropy)
-                    pg_loss, pg_metrics = policy_loss_fn(
-                        old_log_prob=mb["old_log_probs"],
-                        log_prob=log_prob,
-                        advantages=mb["advantages"],
-                        response_mask=mask,
-                        loss_agg_mode=loss_agg_mode,
-                        config=loss_config,
-                        rollout_is_weights=mb["rollout_is_weights"] if "rollout_is_weights" in mb.keys() else None,
-                    )
-                    loss = pg_loss
-                    sums["actor/pg_loss"] += float(pg_loss.detach())
-                    if entropy is not None:
-                        entropy_loss = agg_loss(entropy, mask, loss_agg_mode, **batch_info)
-                        sums["actor/entropy"] += float(entropy_loss.detach())
-                        loss = loss - entropy_coeff * entropy_loss
-                    if use_kl_loss:
-                        kld = kl_penalty(log_prob, mb["ref_log_prob"], _get(cfg, "kl_loss_type", "low_var_kl"))
-                        kl_loss = agg_loss(kld, mask, loss_agg_mode, **batch_info)
-                        loss = loss + float(_get(cfg, "kl_loss_coef", 0.001)) * kl_loss
-                        sums["actor/kl_loss"] += float(kl_loss.detach())
-                    loss.backward()
-                    for key, value in pg_metrics.items():  # per-token rates: weight micro-batches by their tokens
-                        sums[key] += float(value) * float(mask.sum()) / local_tokens
-                grad_norm = clip_grad_norm_and_step(self.actor_module, self.actor_optimizer, grad_clip)
-                for key, value in sums.items():
-                    metrics[key].append(value)
-                metrics["actor/grad_norm"].append(grad_norm)
+        for mini_batch, batch_info, local_tokens in iter_mini_batches(data, cfg, mini_size):
+            loss_config = self._with_batch_info(batch_info)
+            sums: dict[str, float] = defaultdict(float)
+            micro_batches, _ = split_micro_batches(mini_batch, micro_size, use_dynamic_bsz, max_token_len)
+            for micro in micro_batches:
+                mb = micro.batch
+                mask = mb["response_mask"]
+                log_prob, entropy = self._forward_micro_batch(micro, temperature, calculate_entropy)
+                pg_loss, pg_metrics = policy_loss_fn(
+                    old_log_prob=mb["old_log_probs"],
+                    log_prob=log_prob,
+                    advantages=mb["advantages"],
+                    response_mask=mask,
+                    loss_agg_mode=loss_agg_mode,
+                    config=loss_config,
+                    rollout_is_weights=mb["rollout_is_weights"] if "rollout_is_weights" in mb.keys() else None,
+                )
+                loss = pg_loss
+                sums["actor/pg_loss"] += float(pg_loss.detach())
+                if entropy is not None:
+                    entropy_loss = agg_loss(entropy, mask, loss_agg_mode, **batch_info)
+                    sums["actor/entropy"] += float(entropy_loss.detach())
+                    loss = loss - entropy_coeff * entropy_loss
                 if use_kl_loss:
-                    metrics["actor/kl_coef"].append(float(_get(cfg, "kl_loss_coef", 0.001)))
+                    kld = kl_penalty(log_prob, mb["ref_log_prob"], _get(cfg, "kl_loss_type", "low_var_kl"))
+                    kl_loss = agg_loss(kld, mask, loss_agg_mode, **batch_info)
+                    loss = loss + float(_get(cfg, "kl_loss_coef", 0.001)) * kl_loss
+                    sums["actor/kl_loss"] += float(kl_loss.detach())
+                loss.backward()
+                for key, value in pg_metrics.items():  # per-token rates: weight micro-batches by their tokens
+                    sums[key] += float(value) * float(mask.sum()) / local_tokens
+            grad_norm = clip_grad_norm_and_step(self.actor_module, self.actor_optimizer, grad_clip)
+            for key, value in sums.items():
+                metrics[key].append(value)
+            metrics["actor/grad_norm"].append(grad_norm)
+            if use_kl_loss:
+                metrics["actor/kl_coef"].append(float(_get(cfg, "kl_loss_coef", 0.001)))
         return dict(metrics)
 
     def _with_batch_info(self, batch_info: dict[str, Any]) -> Any:

@@ -19,7 +19,7 @@ from verl.trainer.ppo.core_algos import compute_value_loss
 from verl.utils.padding import pack_forward, pad_input, response_slots
 from verl.utils.seqlen_balancing import restore_order
 from verl.utils.torch_functional import masked_mean
-from verl.workers.actor.dp_actor import _get, global_counts, split_micro_batches
+from verl.workers.actor.dp_actor import _get, iter_mini_batches, split_micro_batches
 from verl.workers.engine.optim import clip_grad_norm_and_step
 
 __all__ = ["DataParallelPPOCritic"]
@@ -119,39 +119,30 @@ class DataParallelPPOCritic:
         loss_agg_mode = _get(cfg, "loss_agg_mode", "token-mean")
         metrics: dict[str, list[float]] = defaultdict(list)
         self.critic_module.train()
-        for epoch in range(int(_get(cfg, "ppo_epochs", 1))):
-            order = data
-            if bool(_get(cfg, "shuffle", False)):
-                generator = torch.Generator().manual_seed(int(_get(cfg, "data_loader_seed", 42)) + epoch)
-                order = data.select_idxs(torch.randperm(len(data), generator=generator))
-            for mini_batch in order.split(mini_size):
-                tokens, seqs, dp_size = global_counts(mini_batch.batch["response_mask"])
-                local_tokens = max(float(mini_batch.batch["response_mask"].sum()), 1.0)
-                sums: dict[str, float] = defaultdict(float)
-                micro_batches, _ = split_micro_batches(mini_batch, micro_size, use_dynamic_bsz, max_token_len)
-                for micro in micro_batches:
-                    mb = micro.batch
-                    vpreds = self._forward_micro_batch(micro)
-                    vf_loss, vf_clipfrac = compute_value_loss(
-                        vpreds=vpreds,
-                        returns=mb["returns"],
-                        values=mb["values"],
-                        response_mask=mb["response_mask"],
-                        cliprange_value=cliprange_value,
-                        loss_agg_mode=loss_agg_mode,
-                        dp_size=dp_size,
-                        batch_num_tokens=tokens,
-                        global_batch_size=seqs,
-                    )
-                    vf_loss.backward()
-                    weight = float(mb["response_mask"].sum()) / local_tokens
-                    sums["critic/vf_loss"] += float(vf_loss.detach())
-                    sums["critic/vf_clipfrac"] += float(vf_clipfrac) * weight
-                    sums["critic/vpred_mean"] += float(masked_mean(vpreds.detach(), mb["response_mask"])) * weight
-                grad_norm = clip_grad_norm_and_step(
-                    self.critic_module, self.critic_optimizer, float(_get(cfg, "grad_clip", 1.0))
+        for mini_batch, batch_info, local_tokens in iter_mini_batches(data, cfg, mini_size):
+            sums: dict[str, float] = defaultdict(float)
+            micro_batches, _ = split_micro_batches(mini_batch, micro_size, use_dynamic_bsz, max_token_len)
+            for micro in micro_batches:
+                mb = micro.batch
+                vpreds = self._forward_micro_batch(micro)
+                vf_loss, vf_clipfrac = compute_value_loss(
+                    vpreds=vpreds,
+                    returns=mb["returns"],
+                    values=mb["values"],
+                    response_mask=mb["response_mask"],
+                    cliprange_value=cliprange_value,
+                    loss_agg_mode=loss_agg_mode,
+                    **batch_info,
                 )
-                for key, value in sums.items():
-                    metrics[key].append(value)
-                metrics["critic/grad_norm"].append(grad_norm)
+                vf_loss.backward()
+                weight = float(mb["response_mask"].sum()) / local_tokens
+                sums["critic/vf_loss"] += float(vf_loss.detach())
+                sums["critic/vf_clipfrac"] += float(vf_clipfrac) * weight
+                sums["critic/vpred_mean"] += float(masked_mean(vpreds.detach(), mb["response_mask"])) * weight
+            grad_norm = clip_grad_norm_and_step(
+                self.critic_module, self.critic_optimizer, float(_get(cfg, "grad_clip", 1.0))
+            )
+            for key, value in sums.items():
+                metrics[key].append(value)
+            metrics["critic/grad_norm"].append(grad_norm)
         return dict(metrics)
