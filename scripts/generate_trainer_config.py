@@ -60,9 +60,13 @@ def build() -> dict[str, Any]:
     rollout["response_length"] = "${data.max_response_length}"
     ref = dump(RefConfig())
     ref["strategy"] = "${actor_rollout_ref.actor.strategy}"
-    ref["log_prob_micro_batch_size_per_gpu"] = "${oc.select:actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu,null}"
+    ref["log_prob_micro_batch_size_per_gpu"] = (
+        "${oc.select:actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu,null}"
+    )
     ref["log_prob_use_dynamic_bsz"] = "${oc.select:actor_rollout_ref.rollout.log_prob_use_dynamic_bsz,false}"
-    ref["log_prob_max_token_len_per_gpu"] = "${oc.select:actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu,16384}"
+    ref["log_prob_max_token_len_per_gpu"] = (
+        "${oc.select:actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu,16384}"
+    )
     critic = dump(CriticConfig())
     critic["rollout_n"] = "${actor_rollout_ref.rollout.n}"
     critic["model"]["path"] = "${actor_rollout_ref.model.path}"
@@ -130,8 +134,12 @@ def build() -> dict[str, Any]:
                 "use_shm": False,
                 "use_remove_padding": False,
                 "use_fused_kernels": "${actor_rollout_ref.model.use_fused_kernels}",
-                "fsdp_config": {"param_offload": False, "reshard_after_forward": True, "fsdp_size": -1,
-                                "forward_prefetch": False},
+                "fsdp_config": {
+                    "param_offload": False,
+                    "reshard_after_forward": True,
+                    "fsdp_size": -1,
+                    "forward_prefetch": False,
+                },
             },
             "micro_batch_size": None,
             "micro_batch_size_per_gpu": None,
@@ -188,7 +196,12 @@ def build() -> dict[str, Any]:
             "ray_wait_register_center_timeout": 300,
             "use_legacy_worker_impl": "auto",
         },
-        "global_profiler": {"tool": None, "steps": None, "profile_continuous_steps": False, "save_path": "outputs/profile"},
+        "global_profiler": {
+            "tool": None,
+            "steps": None,
+            "profile_continuous_steps": False,
+            "save_path": "outputs/profile",
+        },
         "transfer_queue": {"enable": False},
         "ray_kwargs": {"ray_init": {"num_cpus": None}, "timeline_json_file": None},
     }

@@ -82,7 +82,13 @@ def _is_open(value: Any) -> bool:
     return isinstance(value, DictConfig) and len(value) == 0
 
 
+# Keys that take a string or a list of strings (veRL accepts both).
+STR_OR_LIST_KEYS = ("data.train_files", "data.val_files")
+
+
 def _type_problem(key: str, value: Any, default: Any) -> str | None:
+    if key in STR_OR_LIST_KEYS and isinstance(value, ListConfig | list):
+        return None
     if default is None or value is None or isinstance(value, str) and value.startswith("${"):
         return None
     if isinstance(default, bool):
@@ -201,22 +207,29 @@ def validate_config(config: DictConfig) -> None:
     resolved = OmegaConf.to_container(config, resolve=True)
     cfg = OmegaConf.create(resolved)
     arr = cfg.actor_rollout_ref
-    model = _dataclass_problem(lambda: omega_conf_to_dataclass(arr.model, HFModelConfig), "actor_rollout_ref.model",
-                               problems)
-    rollout = _dataclass_problem(lambda: omega_conf_to_dataclass(arr.rollout, RolloutConfig),
-                                 "actor_rollout_ref.rollout", problems)
+    model = _dataclass_problem(
+        lambda: omega_conf_to_dataclass(arr.model, HFModelConfig), "actor_rollout_ref.model", problems
+    )
+    rollout = _dataclass_problem(
+        lambda: omega_conf_to_dataclass(arr.rollout, RolloutConfig), "actor_rollout_ref.rollout", problems
+    )
     n = rollout.n if rollout is not None else 1
     workers = max(world_size(cfg), 1)
     _dataclass_problem(
-        lambda: dataclasses.replace(omega_conf_to_dataclass(arr.actor, ActorConfig), rollout_n=n,
-                                    data_parallel_size=workers),
-        "actor_rollout_ref.actor", problems)
+        lambda: dataclasses.replace(
+            omega_conf_to_dataclass(arr.actor, ActorConfig), rollout_n=n, data_parallel_size=workers
+        ),
+        "actor_rollout_ref.actor",
+        problems,
+    )
     if need_reference_policy(cfg):
         _dataclass_problem(lambda: omega_conf_to_dataclass(arr.ref, RefConfig), "actor_rollout_ref.ref", problems)
     if need_critic(cfg):
         _dataclass_problem(
             lambda: dataclasses.replace(omega_conf_to_dataclass(cfg.critic, CriticConfig), data_parallel_size=workers),
-            "critic", problems)
+            "critic",
+            problems,
+        )
     _dataclass_problem(lambda: omega_conf_to_dataclass(cfg.algorithm, AlgoConfig), "algorithm", problems)
     _sizes(cfg, problems)
     _trainer(cfg, problems)

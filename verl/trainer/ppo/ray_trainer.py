@@ -1,0 +1,369 @@
+"""`RayPPOTrainer`: the single-controller PPO/GRPO loop over worker groups (the ``sync`` trainer mode).
+
+``fit()`` reads as the dataflow of one step; each stage is a short method timed under veRL's timer name
+(``timing_s/<name>``): gen → reward → old_log_prob → ref → values → adv → update_critic → update_actor →
+update_weights → testing → save_checkpoint, all inside ``step``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+import torch
+from codetiming import Timer
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from verl.protocol import DataProto
+from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup, create_colocated_worker_cls
+from verl.trainer.ppo.core_algos import get_kl_controller
+from verl.trainer.ppo.metric_utils import (
+    compute_data_metrics,
+    compute_throughout_metrics,
+    compute_timing_metrics,
+    reduce_metrics,
+)
+from verl.trainer.ppo.reward import compute_reward, compute_reward_with_metrics
+from verl.trainer.ppo.utils import (
+    ResourcePoolManager,
+    Role,
+    apply_kl_penalty,
+    compute_advantage,
+    need_critic,
+    need_reference_policy,
+)
+from verl.utils.seqlen_balancing import balance_batch
+from verl.utils.tracking import Tracking
+
+__all__ = ["RayPPOTrainer", "ResourcePoolManager", "Role", "apply_kl_penalty", "compute_advantage"]
+
+logger = logging.getLogger(__name__)
+
+# Non-tensor keys the rollout does not need (they stay on the driver's batch).
+_GEN_NON_TENSOR_KEYS = ("raw_prompt_ids",)
+
+
+def marked_timer(name: str, timing_raw: dict[str, float]) -> Timer:
+    """A codetiming timer that records its seconds under ``timing_raw[name]`` (silently)."""
+    timer = Timer(name=name, logger=None)
+    original_stop = timer.stop
+
+    def stop() -> float:
+        seconds = original_stop()
+        timing_raw[name] = timing_raw.get(name, 0.0) + seconds
+        return seconds
+
+    timer.stop = stop
+    return timer
+
+
+class RayPPOTrainer:
+    """The driver: owns the data, the reward function and the worker groups, and runs the training loop.
+
+    Args:
+        config: the full trainer config (validated); never modified — derived values go into ``self.config``, a copy.
+        tokenizer: the policy's tokenizer (decoding for rewards, EOS / pad ids).
+        role_worker_mapping: ``{Role: worker class}`` (a plain class or a ``ray.remote`` one).
+        resource_pool_manager: where each role runs.
+        reward_fn / val_reward_fn: reward managers (``reward_fn(batch, return_dict=True)``).
+        train_dataset / val_dataset / collate_fn / train_sampler: the data (see ``verl.utils.dataset``).
+    """
+
+    def __init__(
+        self,
+        config: DictConfig,
+        tokenizer: Any,
+        role_worker_mapping: dict[Role, Any],
+        resource_pool_manager: ResourcePoolManager,
+        ray_worker_group_cls: type = RayWorkerGroup,
+        processor: Any = None,
+        reward_fn: Any = None,
+        val_reward_fn: Any = None,
+        train_dataset: Any = None,
+        val_dataset: Any = None,
+        collate_fn: Any = None,
+        train_sampler: Any = None,
+        device_name: str | None = None,
+    ) -> None:
+        self.config = OmegaConf.create(OmegaConf.to_container(config, resolve=True))
+        self.tokenizer = tokenizer
+        self.processor = processor
+        self.role_worker_mapping = role_worker_mapping
+        self.resource_pool_manager = resource_pool_manager
+        self.ray_worker_group_cls = ray_worker_group_cls
+        self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn
+        self.use_critic = need_critic(self.config)
+        self.use_reference_policy = need_reference_policy(self.config)
+        self.use_rm = bool(self.config.reward_model.enable)
+        algo = self.config.algorithm
+        self.kl_ctrl_in_reward = get_kl_controller(algo.kl_ctrl) if algo.use_kl_in_reward else None
+        self.train_dataset, self.val_dataset = train_dataset, val_dataset
+        self._create_dataloader(train_dataset, val_dataset, collate_fn, train_sampler)
+
+    # ------------------------------------------------------------------ set-up
+    def _create_dataloader(self, train_dataset: Any, val_dataset: Any, collate_fn: Any, train_sampler: Any) -> None:
+        from verl.utils.dataset.rl_dataset import create_dataloader
+
+        data = self.config.data
+        self.train_dataloader = create_dataloader(
+            train_dataset,
+            batch_size=data.get("gen_batch_size", data.train_batch_size),
+            sampler=train_sampler,
+            collate_fn=collate_fn,
+            num_workers=data.dataloader_num_workers,
+            drop_last=True,
+        )
+        self.val_dataloader = None
+        if val_dataset is not None:
+            self.val_dataloader = create_dataloader(
+                val_dataset,
+                batch_size=data.val_batch_size or len(val_dataset),
+                sampler=None,
+                collate_fn=collate_fn,
+                num_workers=data.dataloader_num_workers,
+                drop_last=False,
+            )
+        if len(self.train_dataloader) == 0:
+            raise ValueError(
+                f"data.train_files give {len(train_dataset)} prompts, fewer than one batch of data.train_batch_size="
+                f"{data.train_batch_size}"
+            )
+        total = len(self.train_dataloader) * self.config.trainer.total_epochs
+        if self.config.trainer.total_training_steps is not None:
+            total = int(self.config.trainer.total_training_steps)
+        self.total_training_steps = total
+        # derived, into this trainer's own copy: the schedules need the run length
+        with open_dict(self.config):
+            self.config.actor_rollout_ref.actor.optim.total_training_steps = total
+            self.config.critic.optim.total_training_steps = total
+
+    def init_workers(self) -> None:
+        """Create the pools and one fused worker per bundle for the roles of each pool; build their models."""
+        self.resource_pool_manager.create_resource_pool()
+        pool_classes: dict[Any, dict[str, RayClassWithInitArgs]] = defaultdict(dict)
+        arr_role = Role.ActorRolloutRef if Role.ActorRolloutRef in self.role_worker_mapping else Role.ActorRollout
+        pool = self.resource_pool_manager.get_resource_pool(arr_role)
+        role_name = "actor_rollout_ref" if self.use_reference_policy else "actor_rollout"
+        pool_classes[pool]["actor_rollout"] = RayClassWithInitArgs(
+            self.role_worker_mapping[arr_role], config=self.config.actor_rollout_ref, role=role_name
+        )
+        if self.use_critic:
+            pool = self.resource_pool_manager.get_resource_pool(Role.Critic)
+            pool_classes[pool]["critic"] = RayClassWithInitArgs(
+                self.role_worker_mapping[Role.Critic], config=self.config.critic
+            )
+        if self.use_rm:
+            pool = self.resource_pool_manager.get_resource_pool(Role.RewardModel)
+            pool_classes[pool]["rm"] = RayClassWithInitArgs(
+                self.role_worker_mapping[Role.RewardModel], config=self.config.reward_model
+            )
+        groups: dict[str, RayWorkerGroup] = {}
+        for pool, class_dict in pool_classes.items():
+            fused = create_colocated_worker_cls(class_dict)
+            wg = self.ray_worker_group_cls(pool, fused, name_prefix=f"{pool.name_prefix}_")
+            groups.update(wg.spawn(class_dict.keys()))
+        self.critic_wg = groups.get("critic")
+        self.rm_wg = groups.get("rm")
+        self.actor_rollout_wg = groups["actor_rollout"]
+        for wg in (self.critic_wg, self.rm_wg):  # the rollout last: it sizes its memory after the others
+            if wg is not None:
+                wg.init_model()
+        self.actor_rollout_wg.init_model()
+
+    # ------------------------------------------------------------------ stages
+    def _gen_batch(self, batch: DataProto) -> DataProto:
+        keys = [k for k in ("input_ids", "attention_mask", "position_ids") if k in batch.batch.keys()]
+        gen = batch.select(batch_keys=keys, non_tensor_batch_keys=[])
+        gen.batch["prompt_index"] = torch.arange(len(gen))
+        n = self.config.actor_rollout_ref.rollout.n
+        gen = gen.repeat(n, interleave=True)
+        gen.batch["sample_index"] = torch.arange(n).repeat(len(batch))
+        gen.meta_info.update(
+            eos_token_id=self.tokenizer.eos_token_id,
+            pad_token_id=self.tokenizer.pad_token_id,
+            global_steps=self.global_steps,
+            n=1,
+        )
+        return gen
+
+    def _generate(self, batch: DataProto) -> DataProto:
+        output = self.actor_rollout_wg.generate_sequences(self._gen_batch(batch))
+        output.meta_info.pop("metrics", None)
+        batch = batch.repeat(self.config.actor_rollout_ref.rollout.n, interleave=True)
+        output.pop(batch_keys=[k for k in ("prompt_index", "sample_index") if k in output.batch.keys()])
+        for key in ("input_ids", "attention_mask", "position_ids"):
+            batch.batch.pop(key)
+        keep = {k: v for k, v in output.meta_info.items() if k not in batch.meta_info}
+        output.meta_info = keep
+        return batch.union(output)
+
+    def _compute_reward(self, batch: DataProto) -> dict[str, Any]:
+        if self.use_rm:
+            batch = batch.union(self.rm_wg.compute_rm_score(batch))
+        reward_tensor, extra, metrics = compute_reward_with_metrics(batch, self.reward_fn)
+        batch.batch["token_level_scores"] = reward_tensor
+        for key, values in extra.items():
+            if len(values) == len(batch):
+                batch.non_tensor_batch[key] = np.asarray(values, dtype=object)
+        return reduce_metrics(metrics)
+
+    def _compute_old_log_prob(self, batch: DataProto) -> dict[str, Any]:
+        out = self.actor_rollout_wg.compute_log_prob(batch)
+        metrics = reduce_metrics(out.meta_info.pop("metrics", {}))
+        out.pop(batch_keys=["entropys"])
+        batch.union(out)
+        return metrics
+
+    def _compute_ref_log_prob(self, batch: DataProto) -> None:
+        batch.union(self.actor_rollout_wg.compute_ref_log_prob(batch))
+
+    def _compute_values(self, batch: DataProto) -> None:
+        batch.union(self.critic_wg.compute_values(batch))
+
+    def _compute_advantage(self, batch: DataProto) -> dict[str, Any]:
+        algo = self.config.algorithm
+        metrics: dict[str, Any] = {}
+        if self.kl_ctrl_in_reward is not None:
+            batch, metrics = apply_kl_penalty(batch, self.kl_ctrl_in_reward, algo.kl_penalty)
+        else:
+            batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+        compute_advantage(
+            batch,
+            algo.adv_estimator,
+            gamma=algo.gamma,
+            lam=algo.lam,
+            num_repeat=self.config.actor_rollout_ref.rollout.n,
+            norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
+            config=algo,
+        )
+        return metrics
+
+    def _update_critic(self, batch: DataProto) -> dict[str, Any]:
+        return reduce_metrics(self.critic_wg.update_critic(batch).meta_info["metrics"])
+
+    def _update_actor(self, batch: DataProto) -> dict[str, Any]:
+        batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
+        return reduce_metrics(self.actor_rollout_wg.update_actor(batch).meta_info["metrics"])
+
+    def _update_weights(self) -> dict[str, Any]:
+        stats = self.actor_rollout_wg.update_weights()
+        return reduce_metrics({k: [s[k] for s in stats] for k in stats[0]}) if stats else {}
+
+    def _save_checkpoint(self) -> None:
+        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        self.actor_rollout_wg.save_checkpoint(os.path.join(folder, "actor"))
+        if self.critic_wg is not None:
+            self.critic_wg.save_checkpoint(os.path.join(folder, "critic"))
+
+    def _validate(self) -> dict[str, float]:
+        """Generate on the validation set with ``val_kwargs`` and report ``val-core/<source>/reward/mean@n``."""
+        if self.val_dataloader is None or self.val_reward_fn is None:
+            return {}
+        n = self.config.actor_rollout_ref.rollout.val_kwargs.n
+        scores: dict[str, list[float]] = defaultdict(list)
+        for batch_dict in self.val_dataloader:
+            batch = DataProto.from_single_dict(batch_dict)
+            gen = self._gen_batch(batch).repeat(1)
+            gen.meta_info["validate"] = True
+            output = self.actor_rollout_wg.generate_sequences(gen)
+            output.meta_info.pop("metrics", None)
+            batch = batch.repeat(self.config.actor_rollout_ref.rollout.n, interleave=True)
+            for key in ("input_ids", "attention_mask", "position_ids"):
+                batch.batch.pop(key)
+            batch.meta_info = {}
+            output.pop(batch_keys=["prompt_index", "sample_index"])
+            output.meta_info = {}
+            batch = batch.union(output)
+            reward_tensor, _ = compute_reward(batch, self.val_reward_fn)
+            sources = batch.non_tensor_batch.get("data_source", np.array(["unknown"] * len(batch), dtype=object))
+            for source, score in zip(sources, reward_tensor.sum(-1).tolist()):
+                scores[str(source)].append(score)
+        return {f"val-core/{source}/reward/mean@{n}": float(np.mean(v)) for source, v in scores.items()}
+
+    # ------------------------------------------------------------------ the loop
+    def _step_uids(self, batch: DataProto, epoch: int) -> None:
+        """Deterministic per-prompt ids from the dataset index and the epoch (never random)."""
+        index = batch.non_tensor_batch.get("index")
+        if index is None:
+            index = np.arange(len(batch)) + (self.global_steps - 1) * len(batch)
+        batch.non_tensor_batch["uid"] = np.array([f"{epoch}-{i}" for i in index], dtype=object)
+
+    def fit(self) -> None:
+        """Train for ``trainer.total_training_steps`` (or ``total_epochs`` over the data), logging every step."""
+        from tqdm import tqdm
+
+        trainer = self.config.trainer
+        tracker = Tracking(
+            trainer.project_name,
+            trainer.experiment_name,
+            list(trainer.logger),
+            config=OmegaConf.to_container(self.config),
+        )
+        self.global_steps = 0
+        if trainer.val_before_train and self.val_dataloader is not None:
+            tracker.log(self._validate(), step=0)
+            if trainer.val_only:
+                return
+        self.global_steps = 1
+        progress = tqdm(total=self.total_training_steps, desc="Training Progress", dynamic_ncols=True)
+        workers = self.resource_pool_manager.get_n_gpus()
+        try:
+            for epoch in range(trainer.total_epochs):
+                for batch_dict in self.train_dataloader:
+                    metrics = self.train_step(DataProto.from_single_dict(batch_dict), epoch, workers)
+                    tracker.log(metrics, step=self.global_steps)
+                    progress.update(1)
+                    if self.global_steps >= self.total_training_steps:
+                        return
+                    self.global_steps += 1
+        finally:
+            progress.close()
+            tracker.finish()
+
+    def train_step(self, batch: DataProto, epoch: int, workers: int) -> dict[str, Any]:
+        """One step of the dataflow; returns its metrics."""
+        trainer = self.config.trainer
+        timing: dict[str, float] = {}
+        metrics: dict[str, Any] = {"training/global_step": self.global_steps, "training/epoch": epoch}
+        last = self.global_steps >= self.total_training_steps
+        with marked_timer("step", timing):
+            self._step_uids(batch, epoch)
+            batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
+            with marked_timer("gen", timing):
+                batch = self._generate(batch)
+            if trainer.balance_batch:
+                _, balance_metrics = balance_batch(batch, workers)
+                metrics.update(balance_metrics)
+            with marked_timer("reward", timing):
+                metrics.update(self._compute_reward(batch))
+            with marked_timer("old_log_prob", timing):
+                metrics.update(self._compute_old_log_prob(batch))
+            if self.use_reference_policy:
+                with marked_timer("ref", timing):
+                    self._compute_ref_log_prob(batch)
+            if self.use_critic:
+                with marked_timer("values", timing):
+                    self._compute_values(batch)
+            with marked_timer("adv", timing):
+                metrics.update(self._compute_advantage(batch))
+            if self.use_critic:
+                with marked_timer("update_critic", timing):
+                    metrics.update(self._update_critic(batch))
+            if trainer.critic_warmup <= self.global_steps:
+                with marked_timer("update_actor", timing):
+                    metrics.update(self._update_actor(batch))
+                with marked_timer("update_weights", timing):
+                    metrics.update(self._update_weights())
+            if trainer.test_freq > 0 and (last or self.global_steps % trainer.test_freq == 0):
+                with marked_timer("testing", timing):
+                    metrics.update(self._validate())
+            if trainer.save_freq > 0 and (last or self.global_steps % trainer.save_freq == 0):
+                with marked_timer("save_checkpoint", timing):
+                    self._save_checkpoint()
+        metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
+        metrics.update(compute_timing_metrics(batch, timing))
+        metrics.update(compute_throughout_metrics(batch, timing, workers))
+        return metrics

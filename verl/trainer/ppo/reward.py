@@ -1,0 +1,148 @@
+"""Build the reward function of a run from its config, and apply it to a batch.
+
+Config keys read (veRL's names; defaults in brackets):
+
+- ``reward_manager.source`` [register]: ``register`` (a name in the reward-manager registry) or ``importlib``;
+- ``reward_manager.name`` [naive]: the manager's registered name (``naive``, ``batch``, ``dapo``) or, with
+  ``importlib``, its class name; ``reward_model.reward_manager`` is read when it is unset (veRL's older alias);
+- ``reward_manager.module.path`` / ``.name``: file and class of an ``importlib`` manager (``.name`` wins over
+  ``reward_manager.name``);
+- ``custom_reward_function.path`` [null] / ``.name`` [compute_score] / ``.reward_kwargs`` [{}]: a user's
+  ``compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float | dict``; without a
+  path, :func:`verl.utils.reward_score.default_compute_score` scores by ``data_source``;
+- ``data.reward_fn_key`` [data_source], ``data.max_response_length`` [512] (dapo);
+- ``reward_model.overlong_buffer.{enable, len, penalty_factor, log}`` [off] (dapo);
+- ``reward_model.timeout_s`` [30]: per-sample limit, in seconds, on one ``compute_score`` call (null or ≤ 0: none);
+- ``reward_model.num_workers`` [1]: scoring processes; 0 scores in threads of the driver process.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from verl.protocol import DataProto
+from verl.utils.reward_score.custom import FileFunction, load_object_from_file
+from verl.workers.reward_manager import get_reward_manager_cls
+
+__all__ = [
+    "DEFAULT_REWARD_TIMEOUT_S",
+    "compute_reward",
+    "compute_reward_with_metrics",
+    "get_custom_reward_fn",
+    "load_reward_manager",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_REWARD_TIMEOUT_S = 30.0
+
+
+def _plain(value: Any) -> Any:
+    """OmegaConf containers → plain dicts / lists (they are sent to scoring processes and user code)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
+def _section(config: Any, key: str) -> Mapping[str, Any]:
+    value = config.get(key) if config is not None else None
+    return value if value is not None else {}
+
+
+def get_custom_reward_fn(config: Any) -> Callable[..., Any] | None:
+    """The user's reward function from ``custom_reward_function.{path, name, reward_kwargs}``, or None without a path.
+
+    The file is imported now, so a wrong path or name fails at start-up. The returned callable merges
+    ``reward_kwargs`` over each call's keywords and can be sent to scoring processes (it reloads the file there).
+    """
+    section = _section(config, "custom_reward_function")
+    path = section.get("path")
+    if not path:
+        return None
+    name = section.get("name") or "compute_score"
+    fn = FileFunction(path, name, _plain(section.get("reward_kwargs")) or {})
+    fn.load()
+    logger.info("using custom reward function %r from %s", name, fn.path)
+    return fn
+
+
+def _manager_class(config: Any) -> type:
+    section = _section(config, "reward_manager")
+    source = section.get("source") or "register"
+    name = section.get("name") or _section(config, "reward_model").get("reward_manager") or "naive"
+    if source == "register":
+        return get_reward_manager_cls(name)
+    if source == "importlib":
+        module = section.get("module") or {}
+        path = module.get("path")
+        if not path:
+            raise ValueError("reward_manager.source=importlib needs reward_manager.module.path (a Python file)")
+        cls_name = module.get("name") or name
+        cls = load_object_from_file(path, cls_name, "reward_manager.module.path", "reward_manager.module.name")
+        if not isinstance(cls, type):
+            raise TypeError(f"reward_manager.module: {cls_name!r} in {path} is not a class")
+        return cls
+    raise ValueError(f"reward_manager.source={source!r} must be 'register' or 'importlib'")
+
+
+def _accepts(cls: type, name: str) -> bool:
+    params = inspect.signature(cls.__init__).parameters
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def load_reward_manager(config: Any, tokenizer: Any, num_examine: int, **reward_kwargs: Any) -> Any:
+    """Build the reward manager that the config names (see the module docstring for the keys).
+
+    ``reward_kwargs`` go to the manager's constructor (and, for the built-in managers, on to every
+    ``compute_score`` call). Returns the manager, called as ``manager(data, return_dict=False)``.
+    """
+    cls = _manager_class(config)
+    reward_model = _section(config, "reward_model")
+    data = _section(config, "data")
+    kwargs: dict[str, Any] = {key: _plain(value) for key, value in reward_kwargs.items()}
+    optional = {
+        "timeout_s": reward_model.get("timeout_s", DEFAULT_REWARD_TIMEOUT_S),
+        "num_workers": reward_model.get("num_workers", 1),
+        "max_resp_len": data.get("max_response_length", 512),
+        "overlong_buffer_cfg": _plain(reward_model.get("overlong_buffer")),
+    }
+    for key, value in optional.items():
+        if key not in kwargs and _accepts(cls, key):
+            kwargs[key] = value
+    return cls(
+        tokenizer=tokenizer,
+        num_examine=num_examine,
+        compute_score=get_custom_reward_fn(config),
+        reward_fn_key=data.get("reward_fn_key", "data_source"),
+        **kwargs,
+    )
+
+
+def compute_reward_with_metrics(
+    data: DataProto, reward_fn: Callable[..., Any]
+) -> tuple[torch.Tensor, dict[str, list[Any]], dict[str, float]]:
+    """``(reward_tensor, reward_extra_infos_dict, reward_metrics)`` for a batch.
+
+    ``reward_metrics`` holds ``reward/error_count`` and ``reward/timeout_count`` when the manager reports them.
+    A ``reward_fn`` that returns a bare tensor (ignoring ``return_dict``) is accepted too.
+    """
+    result = reward_fn(data, return_dict=True)
+    if isinstance(result, torch.Tensor):
+        return result, {}, {}
+    return (
+        result["reward_tensor"],
+        dict(result.get("reward_extra_info") or {}),
+        dict(result.get("reward_metrics") or {}),
+    )
+
+
+def compute_reward(data: DataProto, reward_fn: Callable[..., Any]) -> tuple[torch.Tensor, dict[str, list[Any]]]:
+    """``(reward_tensor, reward_extra_infos_dict)`` for a batch: veRL's signature of
+    :func:`compute_reward_with_metrics`, without the metrics."""
+    reward_tensor, extra, _ = compute_reward_with_metrics(data, reward_fn)
+    return reward_tensor, extra
