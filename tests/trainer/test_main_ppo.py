@@ -93,3 +93,130 @@ def test_bad_config_fails_before_ray_naming_every_problem(tmp_path):
     assert code != 0
     assert "2 problem(s) in the config" in output and "trainer.mode='separate_async' is not available yet" in output
     assert "Started a local Ray instance" not in output
+
+
+def make_gsm8k(tmp_path: Path) -> Path:
+    """A tiny local GSM8K copy (public jsonl layout) converted by the example script, as a user would."""
+    raw = tmp_path / "gsm8k_raw"
+    raw.mkdir()
+    for split, count in (("train", 16), ("test", 8)):
+        rows = [
+            {"question": f"Tom has {i} apples and buys {i + 2}. How many?", "answer": f"{i}+{i + 2}\n#### {2 * i + 2}"}
+            for i in range(count)
+        ]
+        (raw / f"{split}.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    out = tmp_path / "gsm8k"
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run(
+        [
+            sys.executable,
+            str(root / "examples/data_preprocess/gsm8k.py"),
+            "--local_dataset_path",
+            str(raw),
+            "--local_save_dir",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    return out
+
+
+def demo_model(tmp_path: Path) -> str:
+    env = {"VERL_CACHE_DIR": str(tmp_path.parent / "verl_cache")}
+    code = "from verl.utils.demo import ensure_demo_assets; print(ensure_demo_assets().model_path)"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={**os.environ, **env}, timeout=300
+    )
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def quickstart(data: Path, model: str, *extra: str) -> list[str]:
+    """veRL's quickstart command line, pointed at local tiny files and small sizes."""
+    return [
+        f"data.train_files={data}/train.parquet",
+        f"data.val_files={data}/test.parquet",
+        "data.train_batch_size=8",
+        "data.max_prompt_length=128",
+        "data.max_response_length=16",
+        f"actor_rollout_ref.model.path={model}",
+        "actor_rollout_ref.actor.optim.lr=1e-6",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.rollout.name=hf",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.4",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+        "critic.optim.lr=1e-5",
+        f"critic.model.path={model}",
+        "critic.ppo_micro_batch_size_per_gpu=4",
+        "algorithm.kl_ctrl.kl_coef=0.001",
+        "trainer.logger=console",
+        "trainer.val_before_train=False",
+        "trainer.n_gpus_per_node=1",
+        "trainer.nnodes=1",
+        "trainer.save_freq=10",
+        "trainer.test_freq=10",
+        "trainer.total_epochs=15",
+        "trainer.total_training_steps=2",
+        *extra,
+    ]
+
+
+def test_verl_quickstart_command_runs_on_local_tiny_files(tmp_path):
+    data, model = make_gsm8k(tmp_path), demo_model(tmp_path)
+    code, output, records = run_main(tmp_path, *quickstart(data, model, "trainer.logger=[console,file]"))
+    assert code == 0, output[-3000:]
+    last = records[-1]["data"]
+    assert "val-core/openai/gsm8k/reward/mean@1" in last and "critic/vf_loss" in last
+    assert (tmp_path / "ckpt" / "global_step_2" / "actor").is_dir()  # save at the last step
+
+
+def test_malformed_row_and_raising_reward_function(tmp_path):
+    import pandas as pd
+
+    data, model = make_gsm8k(tmp_path), demo_model(tmp_path)
+    bad = pd.read_parquet(data / "train.parquet")
+    bad.at[3, "prompt"] = []  # no messages at all
+    bad.to_parquet(tmp_path / "bad.parquet")
+    code, output, _ = run_main(
+        tmp_path, *quickstart(data, model, f"data.train_files={tmp_path / 'bad.parquet'}"), name="bad"
+    )
+    assert code != 0 and "bad.parquet" in output and "row 3" in output and "prompt" in output
+
+    reward = tmp_path / "reward.py"
+    reward.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n"
+        "    raise RuntimeError('broken reward')\n"
+    )
+    code, output, records = run_main(
+        tmp_path,
+        *quickstart(
+            data,
+            model,
+            f"custom_reward_function.path={reward}",
+            "algorithm.adv_estimator=grpo",
+            "actor_rollout_ref.rollout.n=2",
+            "trainer.logger=[console,file]",
+        ),
+        name="raising",
+    )
+    assert code == 0, output[-3000:]
+    assert records, output[-3000:]
+    assert records[-1]["data"]["reward/error_count"] > 0 and "broken reward" in output
+
+
+@pytest.mark.vllm
+def test_vllm_engine_end_to_end(tmp_path):
+    pytest.importorskip("vllm", reason="runs in the vllm venv")
+    code, output, records = run_main(
+        tmp_path,
+        "actor_rollout_ref.rollout.name=vllm",
+        "trainer.total_training_steps=2",
+        "actor_rollout_ref.rollout.load_format=dummy",
+    )
+    assert code == 0, output[-3000:]
+    assert len(records) == 2 and "timing_s/gen" in records[-1]["data"]
+    assert records[-1]["data"]["training/rollout_probs_diff_max"] < 1e-3  # trainer and engine agree

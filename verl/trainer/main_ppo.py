@@ -98,6 +98,8 @@ class TaskRunner:
     def run(self, config: DictConfig) -> None:
         from transformers import AutoTokenizer
 
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", force=True)
+
         from verl.trainer.ppo.ray_trainer import RayPPOTrainer
         from verl.trainer.ppo.reward import load_reward_manager
         from verl.trainer.ppo.utils import ResourcePoolManager, Role
@@ -138,6 +140,13 @@ class TaskRunner:
         trainer.fit()
 
 
+def _worker_env() -> dict[str, str]:
+    """Environment for the Ray workers: verl's own ``VERL_*`` settings travel with the job."""
+    env = {"TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_MODE": "disabled"}
+    env.update({k: v for k, v in os.environ.items() if k.startswith("VERL_")})
+    return env
+
+
 def run_ppo(config: DictConfig, task_runner_class: type | None = None) -> None:
     """Validate ``config`` (every problem at once, before Ray starts), start Ray, run the job in a TaskRunner."""
     validate_config(config)
@@ -151,7 +160,7 @@ def run_ppo(config: DictConfig, task_runner_class: type | None = None) -> None:
             "VERL_CACHE_DIR": os.environ.get("VERL_CACHE_DIR", ""),
         }
         ray.init(runtime_env={"env_vars": {k: v for k, v in env.items() if v}}, include_dashboard=False, **ray_init)
-    runner_cls = ray.remote(num_cpus=0)(task_runner_class or TaskRunner)
+    runner_cls = ray.remote(num_cpus=0, runtime_env={"env_vars": _worker_env()})(task_runner_class or TaskRunner)
     ray.get(runner_cls.remote().run.remote(config))
 
 

@@ -83,11 +83,13 @@ def _is_open(value: Any) -> bool:
 
 
 # Keys that take a string or a list of strings (veRL accepts both).
-STR_OR_LIST_KEYS = ("data.train_files", "data.val_files")
+STR_OR_LIST_KEYS = ("data.train_files", "data.val_files", "trainer.logger")
 
 
 def _type_problem(key: str, value: Any, default: Any) -> str | None:
-    if key in STR_OR_LIST_KEYS and isinstance(value, ListConfig | list):
+    if key in STR_OR_LIST_KEYS and isinstance(value, ListConfig | list | str):
+        return None
+    if isinstance(default, str) and default.startswith("${"):  # the schema links it to another key: any type
         return None
     if default is None or value is None or isinstance(value, str) and value.startswith("${"):
         return None

@@ -174,11 +174,11 @@ class RayPPOTrainer:
         self.actor_rollout_wg.init_model()
 
     # ------------------------------------------------------------------ stages
-    def _gen_batch(self, batch: DataProto) -> DataProto:
+    def _gen_batch(self, batch: DataProto, n: int, validate: bool = False) -> DataProto:
+        """The prompts, repeated ``n`` times, with the indices that seed each sample (prompt row, sample number)."""
         keys = [k for k in ("input_ids", "attention_mask", "position_ids") if k in batch.batch.keys()]
-        gen = batch.select(batch_keys=keys, non_tensor_batch_keys=[])
+        gen = batch.select(batch_keys=keys, non_tensor_batch_keys=[], meta_info_keys=[])
         gen.batch["prompt_index"] = torch.arange(len(gen))
-        n = self.config.actor_rollout_ref.rollout.n
         gen = gen.repeat(n, interleave=True)
         gen.batch["sample_index"] = torch.arange(n).repeat(len(batch))
         gen.meta_info.update(
@@ -186,18 +186,18 @@ class RayPPOTrainer:
             pad_token_id=self.tokenizer.pad_token_id,
             global_steps=self.global_steps,
             n=1,
+            validate=validate,
         )
         return gen
 
-    def _generate(self, batch: DataProto) -> DataProto:
-        output = self.actor_rollout_wg.generate_sequences(self._gen_batch(batch))
-        output.meta_info.pop("metrics", None)
-        batch = batch.repeat(self.config.actor_rollout_ref.rollout.n, interleave=True)
+    def _generate(self, batch: DataProto, n: int | None = None, validate: bool = False) -> DataProto:
+        """Generate ``n`` responses per prompt; returns the prompts' rows repeated ``n`` times joined with them."""
+        n = n or self.config.actor_rollout_ref.rollout.n
+        output = self.actor_rollout_wg.generate_sequences(self._gen_batch(batch, n, validate))
+        output.meta_info = {}
         output.pop(batch_keys=[k for k in ("prompt_index", "sample_index") if k in output.batch.keys()])
-        for key in ("input_ids", "attention_mask", "position_ids"):
-            batch.batch.pop(key)
-        keep = {k: v for k, v in output.meta_info.items() if k not in batch.meta_info}
-        output.meta_info = keep
+        batch = batch.repeat(n, interleave=True)
+        batch.pop(batch_keys=["input_ids", "attention_mask", "position_ids"])
         return batch.union(output)
 
     def _compute_reward(self, batch: DataProto) -> dict[str, Any]:
@@ -265,18 +265,7 @@ class RayPPOTrainer:
         n = self.config.actor_rollout_ref.rollout.val_kwargs.n
         scores: dict[str, list[float]] = defaultdict(list)
         for batch_dict in self.val_dataloader:
-            batch = DataProto.from_single_dict(batch_dict)
-            gen = self._gen_batch(batch).repeat(1)
-            gen.meta_info["validate"] = True
-            output = self.actor_rollout_wg.generate_sequences(gen)
-            output.meta_info.pop("metrics", None)
-            batch = batch.repeat(self.config.actor_rollout_ref.rollout.n, interleave=True)
-            for key in ("input_ids", "attention_mask", "position_ids"):
-                batch.batch.pop(key)
-            batch.meta_info = {}
-            output.pop(batch_keys=["prompt_index", "sample_index"])
-            output.meta_info = {}
-            batch = batch.union(output)
+            batch = self._generate(DataProto.from_single_dict(batch_dict), n=n, validate=True)
             reward_tensor, _ = compute_reward(batch, self.val_reward_fn)
             sources = batch.non_tensor_batch.get("data_source", np.array(["unknown"] * len(batch), dtype=object))
             for source, score in zip(sources, reward_tensor.sum(-1).tolist()):
@@ -299,7 +288,7 @@ class RayPPOTrainer:
         tracker = Tracking(
             trainer.project_name,
             trainer.experiment_name,
-            list(trainer.logger),
+            trainer.logger if isinstance(trainer.logger, str) else list(trainer.logger),
             config=OmegaConf.to_container(self.config),
         )
         self.global_steps = 0
