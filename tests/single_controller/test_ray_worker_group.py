@@ -281,7 +281,7 @@ def test_killed_worker_is_an_error_naming_group_rank_and_method(ray_cluster):
         start = time.monotonic()
         with pytest.raises(WorkerDiedError, match=r"'doomed': rank 1 .*died while running 'die_on'"):
             group.die_on(1)  # rank 0 is left blocked in a gloo barrier: the driver must not wait for it
-        assert time.monotonic() - start < 20
+        assert time.monotonic() - start < 60  # a hang would last until the 120 s gloo timeout
     finally:
         group.shutdown()
         pool.release()

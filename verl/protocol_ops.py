@@ -1,0 +1,128 @@
+"""Futures, batch-shape and collective helpers over `DataProto` (re-exported from ``verl.protocol``, veRL's import
+path): `DataProtoFuture`, folding the batch dimension, collating single rows, all-gathering across a process group."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from verl.protocol import DataProto, DataProtoItem
+from verl.utils.tensordict_utils import as_object_array
+
+__all__ = ["DataProtoFuture", "all_gather_data_proto", "collate_fn", "fold_batch_dim", "unfold_batch_dim"]
+
+
+def fold_batch_dim(data: DataProto, new_batch_size: int) -> DataProto:
+    """Reshape ``[B, ...]`` into ``[new_batch_size, B // new_batch_size, ...]`` (tensors and non-tensors)."""
+    total = len(data)
+    if new_batch_size <= 0 or total % new_batch_size:
+        raise ValueError(f"fold_batch_dim: {total} rows do not fold into a first dim of {new_batch_size}")
+    inner = total // new_batch_size
+    batch = None
+    if data.batch is not None:
+        batch = data.batch.view(new_batch_size, inner)
+    non_tensor = {k: v.reshape(new_batch_size, inner, *v.shape[1:]) for k, v in data.non_tensor_batch.items()}
+    out = DataProto(batch=batch, meta_info=data.meta_info)
+    out.non_tensor_batch = non_tensor  # 2-D arrays: set after the 1-D consistency check on purpose
+    return out
+
+
+def unfold_batch_dim(data: DataProto, batch_dims: int = 2) -> DataProto:
+    """Inverse of :func:`fold_batch_dim`: flatten the first ``batch_dims`` dims back into one."""
+    batch = None
+    if data.batch is not None:
+        batch = data.batch.view(-1) if batch_dims > 1 else data.batch
+    non_tensor = {}
+    for key, value in data.non_tensor_batch.items():
+        flat = value.reshape(-1, *value.shape[batch_dims:])
+        non_tensor[key] = as_object_array(list(flat)) if flat.ndim > 1 else flat
+    return DataProto(batch=batch, non_tensor_batch=non_tensor, meta_info=data.meta_info)
+
+
+def collate_fn(x: list[DataProtoItem]) -> DataProto:
+    """Stack a list of `DataProtoItem` rows back into a `DataProto` (the meta_info of the first row is kept)."""
+    if not x:
+        raise ValueError("collate_fn needs at least one DataProtoItem")
+    batch = None
+    if x[0].batch is not None:
+        batch = torch.stack([item.batch for item in x]).contiguous()
+    non_tensor = {k: as_object_array([item.non_tensor_batch[k] for item in x]) for k in x[0].non_tensor_batch}
+    return DataProto(batch=batch, non_tensor_batch=non_tensor, meta_info=x[0].meta_info)
+
+
+def all_gather_data_proto(data: DataProto, process_group=None) -> None:
+    """All-gather ``data`` across ``process_group`` in place: afterwards every rank holds all ranks' rows,
+    ordered by rank. Every rank must hold the same number of rows."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size(group=process_group)
+    sizes: list[int] = [0] * world
+    dist.all_gather_object(sizes, len(data), group=process_group)
+    if len(set(sizes)) > 1:
+        raise ValueError(f"all_gather_data_proto needs equal row counts on every rank, got {sizes}")
+    if data.batch is not None:
+        gathered = {}
+        for key, value in data.batch.items():
+            parts = [torch.empty_like(value) for _ in range(world)]
+            dist.all_gather(parts, value.contiguous(), group=process_group)
+            gathered[key] = torch.cat(parts, dim=0)
+        data.batch = TensorDict(gathered, batch_size=[len(data) * world], device=data.batch.device)
+    objects: list[Any] = [None] * world
+    dist.all_gather_object(objects, data.non_tensor_batch, group=process_group)
+    data.non_tensor_batch = {k: np.concatenate([o[k] for o in objects]) for k in data.non_tensor_batch}
+
+
+@dataclass
+class DataProtoFuture:
+    """A not-yet-materialized DataProto made of Ray object refs (output of one worker group, input of another).
+
+    ``get()`` fetches the refs, joins them with ``collect_fn`` and applies ``dispatch_fn`` (e.g. take chunk ``i``).
+    """
+
+    collect_fn: Callable
+    futures: list
+    dispatch_fn: Callable | None = None
+
+    @staticmethod
+    def concat(data: list) -> DataProtoFuture:
+        """A future that concatenates the DataProtos behind ``data`` (a list of Ray ObjectRefs)."""
+        return DataProtoFuture(collect_fn=DataProto.concat, futures=list(data))
+
+    def chunk(self, chunks: int) -> list[DataProtoFuture]:
+        """``chunks`` futures; future ``i`` materializes to ``self.get().chunk(chunks)[i]``."""
+        return [
+            DataProtoFuture(
+                collect_fn=self.collect_fn,
+                futures=self.futures,
+                dispatch_fn=_ChunkSelector(chunks, i, self.dispatch_fn),
+            )
+            for i in range(chunks)
+        ]
+
+    def get(self) -> DataProto:
+        """Fetch, join and select."""
+        import ray
+
+        output = self.collect_fn(ray.get(self.futures))
+        if self.dispatch_fn is not None:
+            output = self.dispatch_fn(output)
+        return output
+
+
+@dataclass(frozen=True)
+class _ChunkSelector:
+    """Picklable ``lambda x: x.chunk(chunks)[index]`` (after an optional earlier selection)."""
+
+    chunks: int
+    index: int
+    previous: Callable | None = None
+
+    def __call__(self, data: DataProto) -> DataProto:
+        if self.previous is not None:
+            data = self.previous(data)
+        return data.chunk(self.chunks)[self.index]
