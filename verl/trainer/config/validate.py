@@ -209,9 +209,7 @@ def validate_config(config: DictConfig) -> None:
     resolved = OmegaConf.to_container(config, resolve=True)
     cfg = OmegaConf.create(resolved)
     arr = cfg.actor_rollout_ref
-    model = _dataclass_problem(
-        lambda: omega_conf_to_dataclass(arr.model, HFModelConfig), "actor_rollout_ref.model", problems
-    )
+    _dataclass_problem(lambda: omega_conf_to_dataclass(arr.model, HFModelConfig), "actor_rollout_ref.model", problems)
     rollout = _dataclass_problem(
         lambda: omega_conf_to_dataclass(arr.rollout, RolloutConfig), "actor_rollout_ref.rollout", problems
     )
@@ -236,7 +234,6 @@ def validate_config(config: DictConfig) -> None:
     _sizes(cfg, problems)
     _trainer(cfg, problems)
     _unimplemented(cfg, problems)
-    del model
     if problems:
         raise ConfigError(problems)
 

@@ -211,18 +211,14 @@ def compute_policy_loss_gpg(
     config: Any = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
-    """Group Policy Gradient (Chu et al. 2025, arXiv:2504.02546): plain policy gradient L = −log π·A, no ratio.
+    """Group Policy Gradient (Chu et al. 2025, arXiv:2504.02546): plain policy gradient L = −log π·A, no ratio —
+    the REINFORCE loss of :func:`compute_policy_loss_reinforce` (optional IS weights included).
 
     Shape: (bs, response_length) inputs → scalar loss.
     """
-    old_log_prob, log_prob, advantages, mask, valid = prepare_policy_inputs(
-        old_log_prob, log_prob, advantages, response_mask, rollout_is_weights
+    return compute_policy_loss_reinforce(
+        old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights
     )
-    pg_losses = apply_is_weights(-log_prob * advantages, rollout_is_weights, valid)
-    loss = agg_loss(pg_losses, mask, loss_agg_mode, **global_batch_kwargs(config))
-    with torch.no_grad():
-        metrics = pg_metrics(0.0, masked_mean(old_log_prob - log_prob, mask), 0.0)
-    return loss, metrics
 
 
 @register_policy_loss("cispo")

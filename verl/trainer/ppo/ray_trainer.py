@@ -42,9 +42,6 @@ __all__ = ["RayPPOTrainer", "ResourcePoolManager", "Role", "apply_kl_penalty", "
 
 logger = logging.getLogger(__name__)
 
-# Non-tensor keys the rollout does not need (they stay on the driver's batch).
-_GEN_NON_TENSOR_KEYS = ("raw_prompt_ids",)
-
 
 def marked_timer(name: str, timing_raw: dict[str, float]) -> Timer:
     """A codetiming timer that records its seconds under ``timing_raw[name]`` (silently)."""
