@@ -88,6 +88,76 @@ def test_ppo_with_critic_and_kl_loss_runs(tmp_path):
         assert key in data, key
 
 
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_validation_metrics_generations_and_dumps(tmp_path):
+    from verl.trainer.ppo.validation import validation_metrics
+
+    code, output, records = run_main(
+        tmp_path,
+        "trainer.total_training_steps=2",
+        "trainer.val_before_train=true",
+        "trainer.test_freq=2",
+        "data.val_max_samples=12",
+        "actor_rollout_ref.rollout.val_kwargs.n=4",
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+        "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
+        "trainer.log_val_generations=3",
+        f"trainer.rollout_data_dir={tmp_path / 'rollouts'}",
+        f"trainer.validation_data_dir={tmp_path / 'val'}",
+    )
+    assert code == 0, output[-3000:]
+    by_step = {r["step"]: r["data"] for r in records if r.get("data")}
+    prefix = "verl/arithmetic"
+    for step in (0, 2):  # before training, and at the last step (test_freq)
+        data = by_step[step]
+        assert sorted(k for k in data if k.startswith("val-core/")) == [
+            f"val-core/{prefix}/acc/best@4/mean",
+            f"val-core/{prefix}/acc/maj@4/mean",
+            f"val-core/{prefix}/acc/mean@4",
+        ]
+        for name in ("reward/mean@4", "acc/std@4", "acc/best@2/mean", "acc/worst@4/mean", "stop/mean@4"):
+            assert f"val-aux/{prefix}/{name}" in data, name
+        # the dump holds every sample; the metrics recomputed from it are the logged ones
+        rows = read_jsonl(tmp_path / "val" / f"{step}.jsonl")
+        assert len(rows) == 12 * 4 and {"input", "output", "gts", "score", "acc", "pred", "step"} <= set(rows[0])
+        uids = [f"p{i // 4}" for i in range(len(rows))]  # samples of a prompt are adjacent
+        assert len({rows[i]["input"] for i in range(0, 4)}) == 1
+        infos = {key: [r[key] for r in rows] for key in ("acc", "pred", "stop")}
+        infos["reward"] = [r["score"] for r in rows]
+        expected = validation_metrics([prefix] * len(rows), uids, infos)
+        for key, value in expected.items():
+            assert data[key] == pytest.approx(value, abs=1e-9), key
+    # sampling with temperature 1: a prompt's 4 answers are not all the same
+    rows = read_jsonl(tmp_path / "val" / "0.jsonl")
+    assert any(len({rows[i + j]["output"] for j in range(4)}) > 1 for i in range(0, len(rows), 4))
+    for step in (1, 2):  # the training rollouts, with the reward's extra info
+        rows = read_jsonl(tmp_path / "rollouts" / f"{step}.jsonl")
+        assert len(rows) == 16 * 4 and "acc" in rows[0] and rows[0]["step"] == step
+        assert sum(r["score"] for r in rows) / len(rows) == pytest.approx(by_step[step]["critic/score/mean"], abs=1e-5)
+        assert "timing_s/dump_rollout_generations" in by_step[step]
+
+
+def test_val_only_with_a_validation_set_that_does_not_divide_over_the_workers(tmp_path):
+    code, output, records = run_main(
+        tmp_path,
+        "trainer.val_only=true",
+        "trainer.val_before_train=false",
+        "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
+        "data.val_max_samples=5",
+        f"trainer.validation_data_dir={tmp_path / 'val'}",
+    )
+    assert code == 0, output[-3000:]
+    assert [r["step"] for r in records if r.get("data")] == [0]  # validated, never trained
+    data = records[-1]["data"]
+    assert "val-core/verl/arithmetic/acc/mean@1" in data and "training/global_step" not in data
+    rows = read_jsonl(tmp_path / "val" / "0.jsonl")
+    assert len(rows) == 5 and len({r["input"] for r in rows}) == 5  # padding rows were dropped
+
+
 def test_bad_config_fails_before_ray_naming_every_problem(tmp_path):
     code, output, _ = run_main(tmp_path, "trainer.mode=separate_async", "actor_rollout_ref.actor.clip_ratio=-1")
     assert code != 0
@@ -218,5 +288,5 @@ def test_vllm_engine_end_to_end(tmp_path):
         "actor_rollout_ref.rollout.load_format=dummy",
     )
     assert code == 0, output[-3000:]
-    assert len(records) == 2 and "timing_s/gen" in records[-1]["data"]
+    assert len([r for r in records if r["data"]]) == 2 and "timing_s/gen" in records[-1]["data"]
     assert records[-1]["data"]["training/rollout_probs_diff_max"] < 1e-3  # trainer and engine agree

@@ -122,7 +122,9 @@ class TaskRunner:
         val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1)
         train_dataset = create_rl_dataset(config.data.train_files, config.data, tokenizer)
         val_dataset = (
-            create_rl_dataset(config.data.val_files, config.data, tokenizer) if config.data.val_files else None
+            create_rl_dataset(config.data.val_files, config.data, tokenizer, is_train=False)
+            if config.data.val_files
+            else None
         )
         trainer = RayPPOTrainer(
             config,

@@ -102,7 +102,12 @@ class TestArithmetic:
     """score = 0.2·starts + 0.4·closeness + 0.4·stop (module docstring); expected values worked by hand."""
 
     def test_right_bare_answer_scores_one(self):
-        assert arithmetic.compute_score("7", "7", {"response_ended": True}) == {"score": 1.0, "acc": 1.0, "stop": 1.0}
+        assert arithmetic.compute_score("7", "7", {"response_ended": True}) == {
+            "score": 1.0,
+            "acc": 1.0,
+            "stop": 1.0,
+            "pred": "7",
+        }
         assert arithmetic.compute_score(" 12\n", 12)["score"] == 1.0  # no flag: a bare integer counts as ended
 
     def test_a_near_miss_earns_closeness(self):
@@ -114,7 +119,7 @@ class TestArithmetic:
     def test_only_the_leading_number_counts(self):
         # "7 apples", ended: 0.2 + 0.4·1 + 0.4·0.5 (ended, but not bare)
         result = arithmetic.compute_score("7 apples", "7", {"response_ended": True})
-        assert result == {"score": pytest.approx(0.8), "acc": 0.0, "stop": 0.5}
+        assert result == {"score": pytest.approx(0.8), "acc": 0.0, "stop": 0.5, "pred": "7"}
         # digits everywhere but cut off: the lead 77777777 is far → only the 0.2 for starting with a number
         assert arithmetic.compute_score("77777777", "7", {"response_ended": False})["score"] == pytest.approx(0.2)
         # no leading number: only an ended response earns anything (0.4·0.5)
@@ -125,11 +130,11 @@ class TestArithmetic:
 
     def test_a_right_number_cut_off_is_accurate_but_not_stopped(self):
         result = arithmetic.compute_score("7", "7", {"response_ended": False})
-        assert result == {"score": pytest.approx(0.6), "acc": 1.0, "stop": 0.0}
+        assert result == {"score": pytest.approx(0.6), "acc": 1.0, "stop": 0.0, "pred": "7"}
 
     def test_very_long_numbers_are_not_answers(self):
         result = arithmetic.compute_score("9" * 5000, "7", {"response_ended": False})
-        assert result == {"score": pytest.approx(0.2), "acc": 0.0, "stop": 0.0}
+        assert result == {"score": pytest.approx(0.2), "acc": 0.0, "stop": 0.0, "pred": ""}
 
 
 class TestDefaultComputeScore:

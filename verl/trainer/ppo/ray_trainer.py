@@ -17,7 +17,7 @@ import torch
 from codetiming import Timer
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from verl.protocol import DataProto
+from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup, create_colocated_worker_cls
 from verl.trainer.ppo.core_algos import get_kl_controller
 from verl.trainer.ppo.metric_utils import (
@@ -35,8 +35,9 @@ from verl.trainer.ppo.utils import (
     need_critic,
     need_reference_policy,
 )
+from verl.trainer.ppo.validation import ValidationSamples, decode_batch, dump_generations, ground_truths
 from verl.utils.seqlen_balancing import balance_batch
-from verl.utils.tracking import Tracking
+from verl.utils.tracking import Tracking, ValidationGenerationsLogger
 
 __all__ = ["RayPPOTrainer", "ResourcePoolManager", "Role", "apply_kl_penalty", "compute_advantage"]
 
@@ -98,6 +99,8 @@ class RayPPOTrainer:
         algo = self.config.algorithm
         self.kl_ctrl_in_reward = get_kl_controller(algo.kl_ctrl) if algo.use_kl_in_reward else None
         self.train_dataset, self.val_dataset = train_dataset, val_dataset
+        trainer = self.config.trainer
+        self.generations_logger = ValidationGenerationsLogger(trainer.project_name, trainer.experiment_name)
         self._create_dataloader(train_dataset, val_dataset, collate_fn, train_sampler)
 
     # ------------------------------------------------------------------ set-up
@@ -190,7 +193,9 @@ class RayPPOTrainer:
     def _generate(self, batch: DataProto, n: int | None = None, validate: bool = False) -> DataProto:
         """Generate ``n`` responses per prompt; returns the prompts' rows repeated ``n`` times joined with them."""
         n = n or self.config.actor_rollout_ref.rollout.n
-        output = self.actor_rollout_wg.generate_sequences(self._gen_batch(batch, n, validate))
+        # a validation set need not divide over the workers: pad with copies of its first rows, drop them after
+        gen, pad = pad_dataproto_to_divisor(self._gen_batch(batch, n, validate), self.actor_rollout_wg.world_size)
+        output = unpad_dataproto(self.actor_rollout_wg.generate_sequences(gen), pad)
         output.meta_info = {}
         output.pop(batch_keys=[k for k in ("prompt_index", "sample_index") if k in output.batch.keys()])
         batch = batch.repeat(n, interleave=True)
@@ -202,9 +207,10 @@ class RayPPOTrainer:
             batch = batch.union(self.rm_wg.compute_rm_score(batch))
         reward_tensor, extra, metrics = compute_reward_with_metrics(batch, self.reward_fn)
         batch.batch["token_level_scores"] = reward_tensor
+        extra = {key: values for key, values in extra.items() if len(values) == len(batch)}
         for key, values in extra.items():
-            if len(values) == len(batch):
-                batch.non_tensor_batch[key] = np.asarray(values, dtype=object)
+            batch.non_tensor_batch[key] = np.asarray(values, dtype=object)
+        batch.meta_info["reward_extra_keys"] = list(extra)
         return reduce_metrics(metrics)
 
     def _compute_old_log_prob(self, batch: DataProto) -> dict[str, Any]:
@@ -256,18 +262,40 @@ class RayPPOTrainer:
             self.critic_wg.save_checkpoint(os.path.join(folder, "critic"))
 
     def _validate(self) -> dict[str, float]:
-        """Generate on the validation set with ``val_kwargs`` and report ``val-core/<source>/reward/mean@n``."""
+        """Generate ``val_kwargs.n`` responses per validation prompt with ``val_kwargs`` sampling, score them with
+        the validation reward function, and return ``val-core/...`` and ``val-aux/...`` (see
+        :func:`verl.trainer.ppo.validation.validation_metrics`). Also logs ``trainer.log_val_generations`` samples
+        and dumps to ``trainer.validation_data_dir``."""
         if self.val_dataloader is None or self.val_reward_fn is None:
             return {}
+        trainer = self.config.trainer
         n = self.config.actor_rollout_ref.rollout.val_kwargs.n
-        scores: dict[str, list[float]] = defaultdict(list)
+        samples = ValidationSamples()
         for batch_dict in self.val_dataloader:
-            batch = self._generate(DataProto.from_single_dict(batch_dict), n=n, validate=True)
-            reward_tensor, _ = compute_reward(batch, self.val_reward_fn)
-            sources = batch.non_tensor_batch.get("data_source", np.array(["unknown"] * len(batch), dtype=object))
-            for source, score in zip(sources, reward_tensor.sum(-1).tolist()):
-                scores[str(source)].append(score)
-        return {f"val-core/{source}/reward/mean@{n}": float(np.mean(v)) for source, v in scores.items()}
+            batch = DataProto.from_single_dict(batch_dict)
+            first = len(samples.uids) // n
+            batch.non_tensor_batch["uid"] = np.array([f"val-{first + i}" for i in range(len(batch))], dtype=object)
+            batch = self._generate(batch, n=n, validate=True)
+            samples.add(self.tokenizer, batch, *compute_reward(batch, self.val_reward_fn))
+        if trainer.log_val_generations > 0:
+            picked = samples.pick(trainer.log_val_generations)
+            self.generations_logger.log(self._logger_names(), picked, self.global_steps)
+        if trainer.validation_data_dir:
+            samples.dump(trainer.validation_data_dir, self.global_steps)
+        return samples.metrics()
+
+    def _dump_rollout(self, batch: DataProto) -> None:
+        """Write the step's generations, scores and reward extra info to ``trainer.rollout_data_dir``."""
+        inputs, outputs = decode_batch(self.tokenizer, batch)
+        keys = batch.meta_info.get("reward_extra_keys", [])
+        extra = {key: batch.non_tensor_batch[key] for key in keys if key in batch.non_tensor_batch}
+        scores = batch.batch["token_level_scores"].sum(-1).tolist()
+        folder = self.config.trainer.rollout_data_dir
+        dump_generations(folder, self.global_steps, inputs, outputs, ground_truths(batch), scores, extra)
+
+    def _logger_names(self) -> list[str]:
+        names = self.config.trainer.logger
+        return [names] if isinstance(names, str) else list(names)
 
     # ------------------------------------------------------------------ the loop
     def _step_uids(self, batch: DataProto, epoch: int) -> None:
@@ -285,14 +313,16 @@ class RayPPOTrainer:
         tracker = Tracking(
             trainer.project_name,
             trainer.experiment_name,
-            trainer.logger if isinstance(trainer.logger, str) else list(trainer.logger),
+            self._logger_names(),
             config=OmegaConf.to_container(self.config),
         )
         self.global_steps = 0
-        if trainer.val_before_train and self.val_dataloader is not None:
+        if trainer.val_before_train or trainer.val_only:
             tracker.log(self._validate(), step=0)
-            if trainer.val_only:
-                return
+        if trainer.val_only:
+            logger.info("trainer.val_only=True: validated, not training")
+            tracker.finish()
+            return
         self.global_steps = 1
         progress = tqdm(total=self.total_training_steps, desc="Training Progress", dynamic_ncols=True)
         workers = self.resource_pool_manager.get_n_gpus()
@@ -335,6 +365,9 @@ class RayPPOTrainer:
                     self._compute_values(batch)
             with marked_timer("adv", timing):
                 metrics.update(self._compute_advantage(batch))
+            if trainer.rollout_data_dir:
+                with marked_timer("dump_rollout_generations", timing):
+                    self._dump_rollout(batch)
             if self.use_critic:
                 with marked_timer("update_critic", timing):
                     metrics.update(self._update_critic(batch))

@@ -10,6 +10,7 @@ Each part can be learned one token at a time, and a random policy already earns 
     stop      = 1 if the response ended with EOS and text is just the lead; 0.5 if it ended otherwise; 0 if cut off
     score     = 0.2 · starts + 0.4 · closeness + 0.4 · stop                 ∈ [0, 1]; a right bare answer scores 1
     acc       = 1 if text is just the lead and lead == ground_truth, else 0
+    pred      = the lead as a string ("" without one): the answer that validation's maj@N votes on
 
 "Ended with EOS" is ``extra_info["response_ended"]``, which verl's reward managers set for every sample (the last
 valid response token is the tokenizer's EOS, so the response was not cut at ``max_response_length``). Without that
@@ -36,7 +37,7 @@ _MAX_DIGITS = 18  # a longer lead is far from any answer (and int() of thousands
 
 
 def compute_score(solution_str: str, ground_truth: str | int, extra_info: dict | None = None) -> dict[str, Any]:
-    """Score one response to a demo question: ``{"score", "acc", "stop"}`` (formula in the module docstring)."""
+    """Score one response to a demo question: ``{"score", "acc", "stop", "pred"}`` (see the module docstring)."""
     text = solution_str.strip()
     truth = int(str(ground_truth).strip())
     match = _LEADING_INTEGER.match(text)
@@ -47,4 +48,5 @@ def compute_score(solution_str: str, ground_truth: str | int, extra_info: dict |
     ended = bare if ended is None else bool(ended)
     stop = (1.0 if bare else 0.5) if ended else 0.0
     score = 0.2 * (match is not None) + 0.4 * closeness + 0.4 * stop
-    return {"score": score, "acc": 1.0 if bare and lead == truth else 0.0, "stop": stop}
+    acc = 1.0 if bare and lead == truth else 0.0
+    return {"score": score, "acc": acc, "stop": stop, "pred": "" if lead is None else str(lead)}
