@@ -299,7 +299,8 @@ class AlgoConfig(BaseConfig):
             registered with ``register_adv_est``).
         norm_adv_by_std_in_grpo: divide GRPO advantages by the group std (False: Dr.GRPO).
         use_kl_in_reward: subtract β·KL(π_old‖π_ref) from the token rewards.
-        kl_penalty: KL estimator for the reward penalty (see ``KL_PENALTY_TYPES``).
+        kl_penalty: KL estimator for the reward penalty: "kl"/"k1", "abs", "mse"/"k2", "low_var_kl"/"k3", optionally
+            with a "+" suffix (see ``KL_PENALTY_TYPES``).
         kl_ctrl: the coefficient β.
         use_pf_ppo: resample the batch by score before the update (PF-PPO).
         pf_ppo: PF-PPO settings.

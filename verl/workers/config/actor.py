@@ -55,8 +55,8 @@ class PolicyLossConfig(BaseConfig):
         clip_cov_ub: upper bound of that window.
         kl_cov_ratio: fraction of tokens (largest covariance) KL-Cov penalises.
         ppo_kl_coef: KL-Cov's coefficient on |log π − log π_old|.
-        rollout_correction: the rollout-correction settings the "bypass_mode" loss reads (the trainer derives them
-            from ``algorithm.rollout_correction``); None otherwise.
+        rollout_correction: the rollout-correction settings the "bypass_mode" loss reads (a copy of
+            ``algorithm.rollout_correction``, see ``rollout_corr_helper.bypass_policy_loss_config``); None otherwise.
     """
 
     loss_mode: str = "vanilla"
@@ -104,21 +104,48 @@ class ActorConfig(BaseConfig):
         clip_ratio_high: ε_high, the ratio is clipped at 1 + ε_high (DAPO "clip-higher": 0.28); None: ``clip_ratio``.
         clip_ratio_c: dual-clip bound c > 1 for negative advantages (Ye et al. 2020, arXiv:1912.09729).
         policy_loss: which loss, and its own knobs.
-        loss_agg_mode: one of ``LOSS_AGG_MODES``.
+        loss_agg_mode: how the per-token loss is reduced to one number, one of ``LOSS_AGG_MODES``: "token-mean",
+            "seq-mean-token-sum", "seq-mean-token-mean" or "seq-mean-token-sum-norm".
         loss_scale_factor: divisor of "seq-mean-token-sum-norm" (None: the padded response length); set a constant
             to keep the scale fixed during training.
         entropy_coeff: weight of the entropy bonus (loss −= entropy_coeff · entropy).
         calculate_entropy: compute the entropy in the forward pass even when ``entropy_coeff`` is 0 (for metrics).
         use_kl_loss: add kl_loss_coef · KL(π‖π_ref) to the loss (GRPO style).
         kl_loss_coef: its coefficient.
-        kl_loss_type: the KL estimator (see ``KL_PENALTY_TYPES``; "+" for the straight-through variants).
-        tau_pos: SAPO gate temperature for positive advantages (Gao et al. 2025, arXiv:2511.20347).
+        kl_loss_type: the KL estimator: "kl"/"k1", "abs", "mse"/"k2", "low_var_kl"/"k3"; a "+" suffix keeps that
+            value with k2's gradient (straight-through).
+        tau_pos: SAPO gate temperature for positive advantages (SAPO, arXiv:2511.20347).
         tau_neg: SAPO gate temperature for non-positive advantages.
         ppo_epochs: passes over each batch per step.
         calculate_sum_pi_squared: compute Σπ² per token in the old-log-prob pass (needed by the OTB estimators).
         global_batch_info: set by the actor per micro-batch: ``dp_size``, ``batch_num_tokens``,
             ``global_batch_size`` (and optionally ``loss_scale_factor``), passed to ``agg_loss`` so that the loss does
             not depend on how the batch is split over ranks and micro-batches. Users leave it empty.
+        strategy: training engine: "fsdp" or "fsdp2" (both select the FSDP2 engine).
+        ppo_mini_batch_size: prompts per optimizer step, over all ranks; each brings ``rollout_n`` samples, split
+            over the data-parallel ranks.
+        ppo_micro_batch_size: deprecated global micro-batch size.
+        ppo_micro_batch_size_per_gpu: samples per forward/backward pass on each rank (gradients accumulate over the
+            micro-batches of a mini-batch); required unless ``use_dynamic_bsz``.
+        use_dynamic_bsz: form micro-batches by a token budget instead of a sample count.
+        ppo_max_token_len_per_gpu: that token budget per micro-batch.
+        shuffle: reshuffle the samples before each PPO epoch (seeded with ``data_loader_seed`` + epoch).
+        data_loader_seed: seed of that shuffle.
+        grad_clip: the total gradient norm is clipped to this value before each optimizer step.
+        ulysses_sequence_parallel_size: Ulysses sequence-parallel degree (1: off).
+        use_torch_compile: compile the log-prob and entropy helpers with ``torch.compile``.
+        use_remove_padding: forward packed sequences without pad tokens; null: ``model.use_remove_padding``.
+        use_fused_kernels: fused log-prob/entropy kernels; null: ``model.use_fused_kernels``.
+        use_prefix_grouper: forward the shared prompt of a group's responses once.
+        freeze_vision_tower: keep a vision-language model's vision encoder frozen.
+        checkpoint: what a checkpoint of the actor holds.
+        optim: the optimizer and its learning-rate schedule.
+        fsdp_config: how the actor is sharded, cast and offloaded.
+        router_replay.mode: MoE routing replay (record the rollout's expert routing and replay it in training);
+            "disabled": off.
+        profiler: profiler options of the actor.
+        rollout_n: samples per prompt (the worker sets it from ``rollout.n``).
+        data_parallel_size: data-parallel ranks (set by the worker).
     """
 
     clip_ratio: float = 0.2
@@ -217,7 +244,21 @@ FSDPActorConfig = ActorConfig
 
 @dataclass
 class RefConfig(BaseConfig):
-    """``actor_rollout_ref.ref``: the frozen reference policy (its engine is always forward-only)."""
+    """``actor_rollout_ref.ref``: the frozen reference policy (its engine is always forward-only).
+
+    Args:
+        strategy: engine: "fsdp" or "fsdp2" (both select the FSDP2 engine).
+        log_prob_micro_batch_size: deprecated global micro-batch size.
+        log_prob_micro_batch_size_per_gpu: samples per forward pass of ``compute_ref_log_prob`` on each rank;
+            null: the rank's whole share at once.
+        log_prob_use_dynamic_bsz: form those micro-batches by a token budget instead.
+        log_prob_max_token_len_per_gpu: that token budget per micro-batch.
+        ulysses_sequence_parallel_size: Ulysses sequence-parallel degree (1: off).
+        use_torch_compile: compile the log-prob helpers with ``torch.compile``.
+        use_remove_padding: forward packed sequences without pad tokens; null: ``model.use_remove_padding``.
+        fsdp_config: how the reference model is sharded and cast (always forward-only).
+        profiler: profiler options of the reference policy.
+    """
 
     strategy: str = "fsdp"
     log_prob_micro_batch_size: int | None = None

@@ -16,7 +16,23 @@ __all__ = ["CriticConfig", "CriticModelConfig", "FSDPCriticConfig"]
 
 @dataclass
 class CriticModelConfig(BaseConfig):
-    """``critic.model``: the value model (a LM backbone; a scalar head is added when the folder has none)."""
+    """``critic.model``: the value model (a LM backbone; a scalar head is added when the folder has none).
+
+    Args:
+        path: value-model folder; a causal LM gets a freshly initialized scalar head.
+        tokenizer_path: its tokenizer folder.
+        override_config: attributes set on the HF config before the model is built.
+        external_lib: a module imported before the model is loaded (to register custom architectures).
+        trust_remote_code: allow the model's custom code.
+        enable_gradient_checkpointing: recompute activations in backward.
+        enable_activation_offload: offload activations to host memory during training.
+        use_remove_padding: forward packed sequences without pad tokens.
+        use_shm: copy the model to shared memory before loading it.
+        fsdp_config: how the value model is sharded, cast and offloaded.
+        lora_rank: LoRA rank of the value model; 0 disables LoRA.
+        lora_alpha: LoRA scaling factor α.
+        target_modules: modules LoRA adapts.
+    """
 
     path: str = "~/models/deepseek-llm-7b-chat"
     tokenizer_path: str | None = None
@@ -43,6 +59,33 @@ class CriticConfig(BaseConfig):
 
     ``rollout_n`` and ``data_parallel_size`` are set by the worker; ``ppo_mini_batch_size_per_rank`` is derived from
     them (ppo_mini_batch_size × rollout_n ÷ data_parallel_size). Users set neither.
+
+    Args:
+        enable: run a critic; null: only when ``algorithm.adv_estimator`` is "gae".
+        strategy: training engine: "fsdp" or "fsdp2" (both select the FSDP2 engine).
+        optim: the optimizer and its learning-rate schedule.
+        model: the value model.
+        ppo_mini_batch_size: prompts per critic optimizer step, over all ranks.
+        ppo_micro_batch_size: deprecated global micro-batch size.
+        ppo_micro_batch_size_per_gpu: samples per forward/backward pass on each rank; required when the critic runs,
+            unless ``use_dynamic_bsz``.
+        forward_micro_batch_size: deprecated global micro-batch size of ``compute_values``.
+        forward_micro_batch_size_per_gpu: samples per forward pass of ``compute_values`` on each rank; null: the
+            rank's whole share at once.
+        use_dynamic_bsz: form micro-batches by a token budget instead of a sample count.
+        ppo_max_token_len_per_gpu: token budget per training micro-batch.
+        forward_max_token_len_per_gpu: token budget per ``compute_values`` micro-batch.
+        ppo_epochs: passes over each batch per step.
+        shuffle: reshuffle the samples before each epoch (seeded with ``data_loader_seed`` + epoch).
+        data_loader_seed: seed of that shuffle.
+        cliprange_value: value clip range c: predictions are clipped to V_old ± c in the clipped value loss.
+        loss_agg_mode: how the value loss is reduced over tokens (see ``actor.loss_agg_mode``).
+        grad_clip: the total gradient norm is clipped to this value before each optimizer step.
+        ulysses_sequence_parallel_size: Ulysses sequence-parallel degree (1: off).
+        checkpoint: what a checkpoint of the critic holds.
+        profiler: profiler options of the critic.
+        rollout_n: samples per prompt (the worker sets it from ``rollout.n``).
+        data_parallel_size: data-parallel ranks (set by the worker).
     """
 
     enable: bool | None = None

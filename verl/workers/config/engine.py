@@ -59,6 +59,8 @@ class FSDPEngineConfig(BaseConfig):
 
     Args:
         wrap_policy: which submodules get their own FSDP unit (keys in ``WRAP_POLICY_KEYS``).
+        wrap_policy.min_num_params: FSDP1's size-based wrapping threshold; accepted for veRL compatibility, not used
+            (FSDP2 shards each decoder layer).
         param_offload: keep parameter shards in host memory between uses (accelerators only; on CPU they are there
             already, so it is a no-op).
         optimizer_offload: the same for the optimizer state.
@@ -76,10 +78,10 @@ class FSDPEngineConfig(BaseConfig):
         use_orig_params: FSDP1 flag, accepted for veRL compatibility; FSDP2 always keeps the original parameters.
         seed: seeds the randomly initialized parts of a model (a value head loaded from a causal LM).
         full_determinism: make torch use deterministic kernels (slow; for debugging).
-        ulysses_sequence_parallel_size: sequence-parallel degree the actor/critic uses (1: off).
-        entropy_from_logits_with_chunking: compute the entropy in chunks (read by the actor).
-        use_torch_compile: let the actor compile its log-prob/entropy helpers.
-        entropy_checkpointing: recompute the entropy in backward (read by the actor).
+        ulysses_sequence_parallel_size: Ulysses sequence-parallel degree of the model (1: off).
+        entropy_from_logits_with_chunking: compute the entropy over chunks of the logits, to save memory.
+        use_torch_compile: compile the log-prob and entropy helpers with ``torch.compile``.
+        entropy_checkpointing: recompute the entropy in backward instead of keeping its activations.
         forward_only: build no optimizer (reference policy, reward model).
         strategy: "fsdp" or "fsdp2"; both select the FSDP2 engine.
     """

@@ -16,14 +16,27 @@ class HFModelConfig(BaseConfig):
 
     Args:
         path: a HF model folder (config + weights); ``hdfs://`` and hub ids are not fetched here.
-        tokenizer_path / hf_config_path: defaults to ``path``.
+        tokenizer_path: tokenizer folder; null: ``path``.
+        hf_config_path: folder of the HF config; null: ``path``.
+        trust_remote_code: allow the model's and the tokenizer's custom code.
+        use_shm: copy the model to shared memory before loading it.
+        external_lib: a module imported before the model is loaded (to register custom architectures).
         override_config: attributes set on the HF config before the model is built.
+        custom_chat_template: a Jinja chat template that replaces the tokenizer's.
         enable_gradient_checkpointing: recompute activations in backward (actor and critic).
-        use_remove_padding: forward packed sequences without pad tokens.
-        lora_rank: 0 disables LoRA (LoRA is accepted for compatibility; non-zero is not supported yet).
-        trust_remote_code, use_shm, external_lib, custom_chat_template, enable_activation_offload, lora_alpha,
-        target_modules, exclude_modules, lora_adapter_path, use_liger, use_fused_kernels, fused_kernel_options,
-        tiled_mlp, mtp: accepted with veRL's meaning where implemented.
+        enable_activation_offload: offload activations to host memory during training.
+        use_remove_padding: forward packed sequences without pad tokens (the default of the actor and the ref).
+        lora_rank: LoRA rank; 0 disables LoRA (LoRA is accepted for compatibility; non-zero is not supported yet).
+        lora_alpha: LoRA scaling factor α.
+        target_modules: modules LoRA adapts ("all-linear" or a list of module names).
+        exclude_modules: modules LoRA leaves alone.
+        lora_adapter_path: a trained LoRA adapter to start from.
+        use_liger: use the Liger kernels.
+        use_fused_kernels: compute log-probs and entropy with fused kernels.
+        fused_kernel_options.impl_backend: backend of those kernels ("torch" or "triton").
+        tiled_mlp.enabled: compute the MLP in tiles to save activation memory.
+        tiled_mlp.num_shards: number of tiles.
+        mtp: multi-token-prediction options.
     """
 
     path: str = "~/models/deepseek-llm-7b-chat"

@@ -43,7 +43,9 @@ class OptimizerConfig(BaseConfig):
         weight_decay: decoupled weight decay (AdamW), applied to every parameter.
         lr_warmup_steps: warmup length in optimizer steps; -1 or null: use ``lr_warmup_steps_ratio``.
         betas: Adam's (β1, β2).
-        clip_grad: the total gradient norm is clipped to this value before each step.
+        clip_grad: the total gradient norm is clipped to this value before each step by
+            ``FSDPEngine.clip_grad_norm_and_step`` when it is given no norm (the PPO actor and critic updates pass
+            their own ``grad_clip``).
         grad_clip: deprecated alias of ``clip_grad`` (a DeprecationWarning; when set, it is the value used).
     """
 

@@ -146,7 +146,12 @@ class MultiTurnConfig(BaseConfig):
 
 @dataclass
 class CustomAsyncServerConfig(BaseConfig):
-    """``rollout.agent.custom_async_server``: a user-provided server class (file ``path``, class ``name``)."""
+    """``rollout.agent.custom_async_server``: a user-provided server class.
+
+    Args:
+        path: file defining the server class.
+        name: name of the class in that file.
+    """
 
     path: str | None = None
     name: str | None = None
@@ -201,7 +206,15 @@ class CheckpointEngineConfig(BaseConfig):
 
 @dataclass
 class TraceConfig(BaseConfig):
-    """``rollout.trace``: rollout tracing (``backend`` None: off)."""
+    """``rollout.trace``: rollout tracing.
+
+    Args:
+        backend: tracing backend (e.g. "weave" or "mlflow"); None: off.
+        token2text: decode token ids to text in the traces.
+        max_samples_per_step_per_worker: traced samples per step and worker (None: all).
+        project_name: project name in the tracing backend.
+        experiment_name: experiment name in the tracing backend.
+    """
 
     backend: str | None = None
     token2text: bool = False
@@ -212,7 +225,14 @@ class TraceConfig(BaseConfig):
 
 @dataclass
 class PrometheusConfig(BaseConfig):
-    """``rollout.prometheus``: export the rollout servers' metrics to Prometheus (off by default)."""
+    """``rollout.prometheus``: export the rollout servers' metrics to Prometheus (off by default).
+
+    Args:
+        enable: export the metrics.
+        port: port of the Prometheus server.
+        file: Prometheus config file the servers are added to.
+        served_model_name: model name in the exported metrics (None: the model path).
+    """
 
     enable: bool = False
     port: int = 9090
