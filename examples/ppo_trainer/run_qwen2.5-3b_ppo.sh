@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# PPO: Proximal Policy Optimization (Schulman et al. 2017, arXiv:1707.06347) with a learned critic and GAE
+# (Schulman et al. 2015, arXiv:1506.02438), on GSM8K.
+#
+# What makes it PPO (the keys below):
+#   algorithm.adv_estimator=gae                       advantages from a value model (GAE, algorithm.gamma / algorithm.lam)
+#   critic.*                                          the critic runs because the estimator is gae (critic.model.path, lr, ...)
+#   actor_rollout_ref.actor.policy_loss.loss_mode=vanilla  clipped surrogate, clip_ratio 0.2
+#   actor_rollout_ref.rollout.n=1                     one response per prompt: the critic is the baseline, no group needed
+#   algorithm.use_kl_in_reward=False                  set it True for the InstructGPT-style KL penalty in the reward
+#                                                     (algorithm.kl_penalty, algorithm.kl_ctrl.kl_coef)
+#   actor_rollout_ref.actor.use_kl_loss=False         no KL loss term either: no reference model runs
+#
+# Hardware for the defaults: one node with 8 x 80 GB GPUs (A100/H100), Qwen2.5-3B-Instruct as actor and critic, vLLM
+# rollout with TP 2.
+# Data:  python3 examples/data_preprocess/gsm8k.py --local_save_dir ~/data/gsm8k
+# Run:   bash examples/ppo_trainer/run_qwen2.5-3b_ppo.sh [key=value ...]
+# Every size, path and engine below is an environment variable (NAME=${NAME:-default}); key=value arguments are
+# appended to the command line, and Hydra lets a later value of a key win over the script's.
+#
+# On CPU, with the built-in arithmetic task and its tiny model (built on first use under ~/.cache/verl):
+#   eval "$(python3 -c 'from verl.utils.demo import ensure_demo_assets as e; a = e()
+#   print(f"export MODEL_PATH={a.model_path} TRAIN_FILES={a.train_files} VAL_FILES={a.val_files}")')"
+#   ROLLOUT_NAME=hf ROLLOUT_TP=1 N_GPUS=1 TRAIN_BATCH_SIZE=16 PPO_MINI_BATCH_SIZE=16 PPO_MICRO_BATCH_SIZE_PER_GPU=16 \
+#   CRITIC_MICRO_BATCH_SIZE_PER_GPU=16 LOG_PROB_MICRO_BATCH_SIZE_PER_GPU=16 ROLLOUT_N=4 MAX_PROMPT_LENGTH=32 \
+#   MAX_RESPONSE_LENGTH=8 ACTOR_LR=3e-3 CRITIC_LR=1e-3 TOTAL_TRAINING_STEPS=40 TEST_FREQ=10 \
+#   bash examples/ppo_trainer/run_qwen2.5-3b_ppo.sh
+set -xeuo pipefail
+
+MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2.5-3B-Instruct}
+CRITIC_MODEL_PATH=${CRITIC_MODEL_PATH:-$MODEL_PATH}
+TRAIN_FILES=${TRAIN_FILES:-$HOME/data/gsm8k/train.parquet}
+VAL_FILES=${VAL_FILES:-$HOME/data/gsm8k/test.parquet}
+
+TRAIN_BATCH_SIZE=${TRAIN_BATCH_SIZE:-512}            # prompts per step
+MAX_PROMPT_LENGTH=${MAX_PROMPT_LENGTH:-512}
+MAX_RESPONSE_LENGTH=${MAX_RESPONSE_LENGTH:-1024}
+ROLLOUT_N=${ROLLOUT_N:-1}                            # responses per prompt
+PPO_MINI_BATCH_SIZE=${PPO_MINI_BATCH_SIZE:-128}      # prompts per actor/critic update
+PPO_MICRO_BATCH_SIZE_PER_GPU=${PPO_MICRO_BATCH_SIZE_PER_GPU:-16}
+CRITIC_MICRO_BATCH_SIZE_PER_GPU=${CRITIC_MICRO_BATCH_SIZE_PER_GPU:-16}
+LOG_PROB_MICRO_BATCH_SIZE_PER_GPU=${LOG_PROB_MICRO_BATCH_SIZE_PER_GPU:-32}
+ACTOR_LR=${ACTOR_LR:-1e-6}
+CRITIC_LR=${CRITIC_LR:-1e-5}
+GAMMA=${GAMMA:-1.0}
+LAM=${LAM:-1.0}
+KL_COEF=${KL_COEF:-0.001}                            # used when algorithm.use_kl_in_reward=True
+
+ROLLOUT_NAME=${ROLLOUT_NAME:-vllm}                   # vllm | sglang | hf (CPU)
+ROLLOUT_TP=${ROLLOUT_TP:-2}
+GPU_MEMORY_UTILIZATION=${GPU_MEMORY_UTILIZATION:-0.5}
+
+N_GPUS=${N_GPUS:-8}                                  # workers per node (CPU: worker processes)
+NNODES=${NNODES:-1}
+TOTAL_EPOCHS=${TOTAL_EPOCHS:-15}
+TOTAL_TRAINING_STEPS=${TOTAL_TRAINING_STEPS:-null}   # null: TOTAL_EPOCHS over the data
+SAVE_FREQ=${SAVE_FREQ:-20}
+TEST_FREQ=${TEST_FREQ:-5}
+VAL_BEFORE_TRAIN=${VAL_BEFORE_TRAIN:-True}
+LOGGER=${LOGGER:-'["console","file"]'}               # add "wandb" when the machine can reach it
+PROJECT_NAME=${PROJECT_NAME:-verl_ppo_example_gsm8k}
+EXPERIMENT_NAME=${EXPERIMENT_NAME:-qwen2.5_3b_ppo}
+
+python3 -m verl.trainer.main_ppo \
+    algorithm.adv_estimator=gae \
+    algorithm.gamma="$GAMMA" \
+    algorithm.lam="$LAM" \
+    algorithm.use_kl_in_reward=False \
+    algorithm.kl_ctrl.kl_coef="$KL_COEF" \
+    data.train_files="$TRAIN_FILES" \
+    data.val_files="$VAL_FILES" \
+    data.train_batch_size="$TRAIN_BATCH_SIZE" \
+    data.max_prompt_length="$MAX_PROMPT_LENGTH" \
+    data.max_response_length="$MAX_RESPONSE_LENGTH" \
+    data.filter_overlong_prompts=True \
+    data.truncation=error \
+    actor_rollout_ref.model.path="$MODEL_PATH" \
+    actor_rollout_ref.model.use_remove_padding=True \
+    actor_rollout_ref.model.enable_gradient_checkpointing=True \
+    actor_rollout_ref.actor.optim.lr="$ACTOR_LR" \
+    actor_rollout_ref.actor.ppo_mini_batch_size="$PPO_MINI_BATCH_SIZE" \
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu="$PPO_MICRO_BATCH_SIZE_PER_GPU" \
+    actor_rollout_ref.actor.policy_loss.loss_mode=vanilla \
+    actor_rollout_ref.actor.loss_agg_mode=token-mean \
+    actor_rollout_ref.actor.clip_ratio=0.2 \
+    actor_rollout_ref.actor.use_kl_loss=False \
+    actor_rollout_ref.actor.entropy_coeff=0 \
+    actor_rollout_ref.actor.fsdp_config.param_offload=False \
+    actor_rollout_ref.actor.fsdp_config.optimizer_offload=False \
+    actor_rollout_ref.rollout.name="$ROLLOUT_NAME" \
+    actor_rollout_ref.rollout.n="$ROLLOUT_N" \
+    actor_rollout_ref.rollout.tensor_model_parallel_size="$ROLLOUT_TP" \
+    actor_rollout_ref.rollout.gpu_memory_utilization="$GPU_MEMORY_UTILIZATION" \
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu="$LOG_PROB_MICRO_BATCH_SIZE_PER_GPU" \
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu="$LOG_PROB_MICRO_BATCH_SIZE_PER_GPU" \
+    critic.model.path="$CRITIC_MODEL_PATH" \
+    critic.model.use_remove_padding=True \
+    critic.model.enable_gradient_checkpointing=True \
+    critic.optim.lr="$CRITIC_LR" \
+    critic.ppo_micro_batch_size_per_gpu="$CRITIC_MICRO_BATCH_SIZE_PER_GPU" \
+    critic.cliprange_value=0.5 \
+    critic.model.fsdp_config.param_offload=False \
+    critic.model.fsdp_config.optimizer_offload=False \
+    trainer.critic_warmup=0 \
+    trainer.logger="$LOGGER" \
+    trainer.project_name="$PROJECT_NAME" \
+    trainer.experiment_name="$EXPERIMENT_NAME" \
+    trainer.n_gpus_per_node="$N_GPUS" \
+    trainer.nnodes="$NNODES" \
+    trainer.val_before_train="$VAL_BEFORE_TRAIN" \
+    trainer.save_freq="$SAVE_FREQ" \
+    trainer.test_freq="$TEST_FREQ" \
+    trainer.total_epochs="$TOTAL_EPOCHS" \
+    trainer.total_training_steps="$TOTAL_TRAINING_STEPS" \
+    "$@"
