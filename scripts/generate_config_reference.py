@@ -247,10 +247,8 @@ DIFFERENCES: dict[str, str] = {
     "actor_rollout_ref.actor.fsdp_config.param_offload": "a no-op on CPU (the shards already live in host memory).",
     "actor_rollout_ref.actor.fsdp_config.offload_policy": "an error on CPU: FSDP2's `CPUOffloadPolicy` needs an "
     "accelerator.",
-    "algorithm.filter_groups": "DAPO dynamic sampling is not implemented in the trainer: the setting is checked but "
-    "has no effect.",
     "actor_rollout_ref.actor.calculate_sum_pi_squared": "not read by the trainer: the optimal-token-baseline "
-    "estimators cannot be selected from the command line yet (see algorithms.md).",
+    "estimators are refused by validation until it is (see algorithms.md).",
     "actor_rollout_ref.actor.policy_loss.rollout_correction": "the trainer does not fill it from "
     "`algorithm.rollout_correction` in this version, so the `bypass_mode` loss is not usable from the command line.",
     "data.datagen.path": "a non-null value fails at start-up: dynamically generated datasets are not supported yet.",
@@ -293,7 +291,6 @@ NOT_READ: tuple[str, ...] = (
     "actor_rollout_ref.actor.fsdp_config.entropy_checkpointing",
     "actor_rollout_ref.actor.router_replay",
     "actor_rollout_ref.actor.profiler",
-    "actor_rollout_ref.ref.ulysses_sequence_parallel_size",
     "actor_rollout_ref.ref.use_torch_compile",
     "actor_rollout_ref.ref.fsdp_config.wrap_policy.min_num_params",
     "actor_rollout_ref.ref.fsdp_config.use_orig_params",
@@ -330,7 +327,6 @@ NOT_READ: tuple[str, ...] = (
     "critic.model.fsdp_config.ulysses_sequence_parallel_size",
     "critic.model.fsdp_config.use_torch_compile",
     "critic.model.fsdp_config.entropy_checkpointing",
-    "critic.model.lora_rank",
     "critic.model.lora_alpha",
     "critic.model.target_modules",
     "critic.forward_micro_batch_size",
@@ -382,9 +378,8 @@ NOT_READ_SHARED_NAME: dict[str, str] = {
     "reward_model.forward_max_token_len_per_gpu": "",
     "reward_model.model.override_config": "",
     "reward_model.model.use_remove_padding": "",
-    "algorithm.rollout_correction": "the trainer does not apply rollout correction yet; the pieces exist "
-    "(`verl.trainer.ppo.rollout_corr_helper`, the `bypass_mode` policy loss) and the per-step `rollout_corr/*` "
-    "mismatch metrics are logged regardless.",
+    "algorithm.rollout_correction": "the pieces exist (`verl.trainer.ppo.rollout_corr_helper`, the `bypass_mode` "
+    "policy loss) and the per-step `rollout_corr/*` mismatch metrics are logged regardless.",
 }
 
 LEGEND = """\
@@ -550,10 +545,17 @@ def under_dataclass(key: str) -> bool:
 def unimplemented_notes() -> dict[str, str]:
     """Notes for the keys of ``validate.UNIMPLEMENTED``."""
     notes = {}
+    leaves = {key for key, _ in yaml_leaves()}
     for key, default, consequence, why in validate.UNIMPLEMENTED:
         kind = "error" if consequence == "error" else "warning"
-        notes[key] = f"**not implemented** ({kind}): {why}; a value other than `{render_default(default)}` is " + (
-            "an error." if kind == "error" else "accepted with a warning that it has no effect."
+        # a key inside a mapping that defaults to null (e.g. algorithm.filter_groups.enable) goes on that mapping
+        target, sub = key, ""
+        parent = key.rsplit(".", 1)[0]
+        if key not in leaves and parent in leaves:
+            target, sub = parent, f"`{key.rsplit('.', 1)[1]}` "
+        notes[target] = (
+            f"**not implemented** ({kind}): {why}; {sub}a value other than `{render_default(default)}` is "
+            + ("an error." if kind == "error" else "accepted with a warning that it has no effect.")
         )
     modes = [m for m in validate.TRAINER_MODES if m not in validate.IMPLEMENTED_MODES]
     if modes:
@@ -639,7 +641,9 @@ def render() -> str:
         problems += [
             f"{name} names {entry!r}, which is neither a key of the YAML nor a mapping of keys"
             for entry in table
-            if entry not in key_set and not any(k.startswith(entry + ".") for k in key_set)
+            if entry not in key_set
+            and not any(k.startswith(entry + ".") for k in key_set)
+            and entry.rsplit(".", 1)[0] not in key_set  # a key inside a mapping that defaults to null
         ]
     problems += [f"DESCRIPTIONS has {k!r}, described by a config dataclass" for k in DESCRIPTIONS if under_dataclass(k)]
     if problems:

@@ -158,6 +158,24 @@ def test_val_only_with_a_validation_set_that_does_not_divide_over_the_workers(tm
     assert len(rows) == 5 and len({r["input"] for r in rows}) == 5  # padding rows were dropped
 
 
+def test_remax_baseline_and_a_custom_chat_template(tmp_path):
+    template = "{% for m in messages %}Q: {{ m.content }} {% endfor %}A:"
+    code, output, records = run_main(
+        tmp_path,
+        "algorithm.adv_estimator=remax",
+        "trainer.total_training_steps=2",
+        f"actor_rollout_ref.model.custom_chat_template='{template}'",
+        f"trainer.rollout_data_dir={tmp_path / 'rollouts'}",
+    )
+    assert code == 0, output[-3000:]
+    data = records[-1]["data"]
+    assert data["timing_s/gen_max"] > 0 and data["timing_s/generate_sequences"] > 0
+    assert all(
+        r["input"].startswith("Q: What is") and r["input"].endswith("A:")
+        for r in read_jsonl(tmp_path / "rollouts" / "2.jsonl")
+    )
+
+
 def test_bad_config_fails_before_ray_naming_every_problem(tmp_path):
     code, output, _ = run_main(tmp_path, "trainer.mode=separate_async", "actor_rollout_ref.actor.clip_ratio=-1")
     assert code != 0

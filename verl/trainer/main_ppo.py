@@ -110,6 +110,8 @@ class TaskRunner:
         tokenizer = AutoTokenizer.from_pretrained(
             model.tokenizer_path or model.path, trust_remote_code=model.trust_remote_code
         )
+        if model.get("custom_chat_template"):
+            tokenizer.chat_template = model.custom_chat_template
         role_worker_mapping = {
             Role.ActorRolloutRef: ActorRolloutRefWorker,
             Role.Critic: CriticWorker,

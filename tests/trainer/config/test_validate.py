@@ -79,6 +79,12 @@ def test_a_valid_config_passes():
         ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "sequence parallelism is not implemented"),
         ("actor_rollout_ref.rollout.multi_turn.enable=true", "multi-turn / tool rollouts are not implemented"),
         ("algorithm.kl_ctrl.type=pid", "kl_ctrl"),
+        ("algorithm.filter_groups={enable: true, metric: acc}", "dynamic sampling (DAPO's filter_groups)"),
+        ("algorithm.rollout_correction.rollout_is=token", "rollout correction is not wired into the trainer yet"),
+        ("algorithm.rollout_correction.bypass_mode=true", "rollout correction is not wired into the trainer yet"),
+        ("algorithm.adv_estimator=optimal_token_baseline", "needs the actor's sum_pi_squared"),
+        ("critic.model.lora_rank=8", "critic.model.lora_rank=8: LoRA training is not supported yet"),
+        ("actor_rollout_ref.ref.ulysses_sequence_parallel_size=2", "sequence parallelism is not implemented"),
     ],
 )
 def test_bad_configs_name_the_key(override, message):

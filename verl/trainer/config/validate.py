@@ -28,6 +28,7 @@ BASE_YAML = Path(__file__).with_name("ppo_trainer.yaml")
 TRAINER_MODES = ("sync", "colocate_async", "separate_async")
 IMPLEMENTED_MODES = ("sync",)
 
+_NO_ROLLOUT_CORRECTION = "rollout correction is not wired into the trainer yet"
 # (key, default, consequence, why): keys accepted for compatibility whose other values verl does not implement.
 # "warn": the value has no effect here; "error": verl would silently do something else than the value asks.
 UNIMPLEMENTED: list[tuple[str, Any, str, str]] = [
@@ -44,7 +45,20 @@ UNIMPLEMENTED: list[tuple[str, Any, str, str]] = [
     ("actor_rollout_ref.actor.checkpoint.async_save", False, "warn", "checkpoints are saved synchronously"),
     ("trainer.esi_redundant_time", 0, "warn", "ESI expiry handling is not implemented"),
     ("transfer_queue.enable", False, "error", "the transfer queue is not implemented"),
+    ("critic.model.lora_rank", 0, "error", "LoRA training is not supported yet"),
+    ("actor_rollout_ref.ref.ulysses_sequence_parallel_size", 1, "error", "sequence parallelism is not implemented"),
+    ("algorithm.filter_groups.enable", False, "error", "dynamic sampling (DAPO's filter_groups) is not here yet"),
+    ("algorithm.rollout_correction.rollout_is", None, "error", _NO_ROLLOUT_CORRECTION),
+    ("algorithm.rollout_correction.rollout_rs", None, "error", _NO_ROLLOUT_CORRECTION),
+    ("algorithm.rollout_correction.bypass_mode", False, "error", _NO_ROLLOUT_CORRECTION),
+    ("actor_rollout_ref.actor.optim.clip_grad", 1.0, "warn", "the actor clips with actor_rollout_ref.actor.grad_clip"),
+    ("critic.optim.clip_grad", 1.0, "warn", "the critic clips with critic.grad_clip"),
 ]
+# Estimators whose inputs the trainer does not produce yet.
+UNWIRED_ESTIMATORS = {
+    "optimal_token_baseline": "needs the actor's sum_pi_squared, which the trainer does not compute yet",
+    "tir_optimal_token_baseline": "needs the actor's sum_pi_squared, which the trainer does not compute yet",
+}
 
 
 class ConfigError(ValueError):
@@ -200,6 +214,12 @@ def _unimplemented(config: Any, problems: list[str]) -> None:
             logger.warning("%s=%r has no effect here: %s", key, value, why)
 
 
+def _estimator(config: Any, problems: list[str]) -> None:
+    estimator = config.algorithm.adv_estimator
+    if estimator in UNWIRED_ESTIMATORS:
+        problems.append(f"algorithm.adv_estimator={estimator!r} {UNWIRED_ESTIMATORS[estimator]}; use another estimator")
+
+
 def validate_config(config: DictConfig) -> None:
     """Raise `ConfigError` listing every problem of ``config`` (a composed trainer config)."""
     problems: list[str] = []
@@ -234,6 +254,7 @@ def validate_config(config: DictConfig) -> None:
     _sizes(cfg, problems)
     _trainer(cfg, problems)
     _unimplemented(cfg, problems)
+    _estimator(cfg, problems)
     if problems:
         raise ConfigError(problems)
 

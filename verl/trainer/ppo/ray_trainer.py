@@ -174,7 +174,7 @@ class RayPPOTrainer:
         self.actor_rollout_wg.init_model()
 
     # ------------------------------------------------------------------ stages
-    def _gen_batch(self, batch: DataProto, n: int, validate: bool = False) -> DataProto:
+    def _gen_batch(self, batch: DataProto, n: int, validate: bool = False, do_sample: bool = True) -> DataProto:
         """The prompts, repeated ``n`` times, with the indices that seed each sample (prompt row, sample number)."""
         keys = [k for k in ("input_ids", "attention_mask", "position_ids") if k in batch.batch.keys()]
         gen = batch.select(batch_keys=keys, non_tensor_batch_keys=[], meta_info_keys=[])
@@ -188,19 +188,35 @@ class RayPPOTrainer:
             n=1,
             validate=validate,
         )
+        if not do_sample:
+            gen.meta_info["do_sample"] = False
         return gen
 
-    def _generate(self, batch: DataProto, n: int | None = None, validate: bool = False) -> DataProto:
-        """Generate ``n`` responses per prompt; returns the prompts' rows repeated ``n`` times joined with them."""
+    def _generate(
+        self, batch: DataProto, n: int | None = None, validate: bool = False, do_sample: bool = True
+    ) -> DataProto:
+        """Generate ``n`` responses per prompt (greedy without ``do_sample``); returns the prompts' rows repeated
+        ``n`` times joined with them, and the workers' generation metrics in ``meta_info["generation_metrics"]``."""
         n = n or self.config.actor_rollout_ref.rollout.n
+        gen = self._gen_batch(batch, n, validate, do_sample)
         # a validation set need not divide over the workers: pad with copies of its first rows, drop them after
-        gen, pad = pad_dataproto_to_divisor(self._gen_batch(batch, n, validate), self.actor_rollout_wg.world_size)
+        gen, pad = pad_dataproto_to_divisor(gen, self.actor_rollout_wg.world_size)
         output = unpad_dataproto(self.actor_rollout_wg.generate_sequences(gen), pad)
+        generation_metrics = reduce_metrics(output.meta_info.get("metrics", {}))
         output.meta_info = {}
         output.pop(batch_keys=[k for k in ("prompt_index", "sample_index") if k in output.batch.keys()])
         batch = batch.repeat(n, interleave=True)
         batch.pop(batch_keys=["input_ids", "attention_mask", "position_ids"])
-        return batch.union(output)
+        batch = batch.union(output)
+        batch.meta_info["generation_metrics"] = generation_metrics
+        return batch
+
+    def _compute_reward_baselines(self, prompts: DataProto, batch: DataProto) -> None:
+        """ReMax's baseline: the reward of one greedy response per prompt, as ``reward_baselines`` of its samples."""
+        greedy = self._generate(prompts, n=1, do_sample=False)
+        scores, _ = compute_reward(greedy, self.reward_fn)
+        n = len(batch) // len(prompts)
+        batch.batch["reward_baselines"] = scores.sum(-1).repeat_interleave(n)
 
     def _compute_reward(self, batch: DataProto) -> dict[str, Any]:
         if self.use_rm:
@@ -348,8 +364,13 @@ class RayPPOTrainer:
         with marked_timer("step", timing):
             self._step_uids(batch, epoch)
             batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
+            prompts = batch
             with marked_timer("gen", timing):
-                batch = self._generate(batch)
+                batch = self._generate(prompts)
+            metrics.update(batch.meta_info.pop("generation_metrics"))
+            if self.config.algorithm.adv_estimator == "remax":
+                with marked_timer("gen_max", timing):
+                    self._compute_reward_baselines(prompts, batch)
             if trainer.balance_batch:
                 _, balance_metrics = balance_batch(batch, workers)
                 metrics.update(balance_metrics)
