@@ -188,8 +188,9 @@ DESCRIPTIONS: dict[str, str] = {
     "of CPU workers.",
     "trainer.save_freq": "Save a checkpoint every this many steps (and at the last one); -1 or 0: never.",
     "trainer.esi_redundant_time": "Seconds before an elastic instance expires at which to save a checkpoint.",
-    "trainer.resume_mode": "`auto`, `disable` or `resume_path`: whether to resume from a checkpoint.",
-    "trainer.resume_from_path": "Checkpoint folder to resume from (`resume_mode: resume_path`).",
+    "trainer.resume_mode": "`auto` (the step in `latest_checkpointed_iteration.txt`; none: from scratch), `disable` "
+    "or `resume_path`: where a run starts (see checkpoints.md).",
+    "trainer.resume_from_path": "The `global_step_<n>` folder to resume from (`resume_mode: resume_path`).",
     "trainer.val_before_train": "Validate once before the first step (logged at step 0).",
     "trainer.val_only": "Validate once and stop without training.",
     "trainer.test_freq": "Validate every this many steps (and at the last one); -1 or 0: never.",
@@ -197,7 +198,8 @@ DESCRIPTIONS: dict[str, str] = {
     "start at this step).",
     "trainer.default_hdfs_dir": "HDFS folder checkpoints are copied to.",
     "trainer.del_local_ckpt_after_load": "Delete the local checkpoint after loading it.",
-    "trainer.default_local_dir": "Folder of the checkpoints: `<dir>/global_step_<n>/{actor,critic}`.",
+    "trainer.default_local_dir": "Folder of the checkpoints: `<dir>/global_step_<n>/{actor,critic,data.pt,"
+    "trainer_state.pt}` and the tracker file `latest_checkpointed_iteration.txt`.",
     "trainer.max_actor_ckpt_to_keep": "Keep at most this many actor checkpoints (null: all).",
     "trainer.max_critic_ckpt_to_keep": "Keep at most this many critic checkpoints (null: all).",
     "trainer.ray_wait_register_center_timeout": "Seconds to wait for the workers' register center to come up.",
@@ -223,7 +225,16 @@ OURS: dict[str, str] = {
 }
 
 # Where a key is in veRL but behaves differently here.
+_SAVE_CONTENTS = (
+    "only `hf_model` changes what is saved (the full weights in `huggingface/`): the sharded model, optimizer and "
+    "extra state are always saved, as veRL's FSDP checkpoints do."
+)
 DIFFERENCES: dict[str, str] = {
+    "actor_rollout_ref.actor.checkpoint.save_contents": _SAVE_CONTENTS,
+    "critic.checkpoint.save_contents": _SAVE_CONTENTS,
+    "trainer.default_hdfs_dir": "copying checkpoints to HDFS is not supported: a non-null value is an error.",
+    "trainer.max_actor_ckpt_to_keep": "the step folder the tracker names is never removed.",
+    "trainer.resume_mode": "also resumes the driver's random states, the KL coefficient and the epoch.",
     "trainer.device": "the workers use CUDA whenever the cluster has GPUs: `cpu` does not force CPU execution on a "
     "GPU machine in this version.",
     "trainer.n_gpus_per_node": "on a machine without GPUs it counts CPU worker processes.",
@@ -282,7 +293,6 @@ NOT_READ: tuple[str, ...] = (
     "actor_rollout_ref.actor.use_fused_kernels",
     "actor_rollout_ref.actor.use_prefix_grouper",
     "actor_rollout_ref.actor.freeze_vision_tower",
-    "actor_rollout_ref.actor.checkpoint.save_contents",
     "actor_rollout_ref.actor.checkpoint.load_contents",
     "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params",
     "actor_rollout_ref.actor.fsdp_config.use_orig_params",
@@ -330,7 +340,6 @@ NOT_READ: tuple[str, ...] = (
     "critic.model.lora_alpha",
     "critic.model.target_modules",
     "critic.forward_micro_batch_size",
-    "critic.checkpoint.save_contents",
     "critic.checkpoint.load_contents",
     "critic.checkpoint.async_save",
     "critic.profiler",
@@ -347,12 +356,6 @@ NOT_READ: tuple[str, ...] = (
     "reward_model.sandbox_fusion",
     "reward_model.profiler",
     "trainer.profile_steps",
-    "trainer.resume_mode",
-    "trainer.resume_from_path",
-    "trainer.default_hdfs_dir",
-    "trainer.del_local_ckpt_after_load",
-    "trainer.max_actor_ckpt_to_keep",
-    "trainer.max_critic_ckpt_to_keep",
     "trainer.ray_wait_register_center_timeout",
     "trainer.use_legacy_worker_impl",
     "global_profiler",

@@ -232,14 +232,14 @@ def literal_metric_names() -> set[str]:
 
 
 def timed_stages() -> list[str]:
-    """The stage names of ``marked_timer("<stage>", ...)`` calls in the trainer."""
+    """The stage names of ``marked_timer("<stage>", ...)`` / ``self._stage("<stage>", ...)`` calls in the trainer."""
     tree = ast.parse((ROOT / "verl/trainer/ppo/ray_trainer.py").read_text(encoding="utf-8"))
     return sorted(
         {
             node.args[0].value
             for node in ast.walk(tree)
             if isinstance(node, ast.Call)
-            and getattr(node.func, "id", None) == "marked_timer"
+            and (getattr(node.func, "id", None) == "marked_timer" or getattr(node.func, "attr", None) == "_stage")
             and node.args
             and isinstance(node.args[0], ast.Constant)
         }

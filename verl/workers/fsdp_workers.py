@@ -262,8 +262,12 @@ class ActorRolloutRefWorker(Worker):
     def save_checkpoint(
         self, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None
     ) -> None:
-        """Save the actor's sharded model, optimizer and scheduler under ``local_path``."""
-        self.actor_engine.save_checkpoint(local_path)
+        """Save the actor's sharded model, optimizer, scheduler and random states under ``local_path``, with its HF
+        config and tokenizer in ``local_path/huggingface`` (the weights too when ``checkpoint.save_contents`` has
+        ``hf_model``). Rotation (``max_ckpt_to_keep``) is the driver's."""
+        hf_weights = "hf_model" in self.actor_config.checkpoint.save_contents
+        tokenizer = self.model_config.tokenizer_path or self.model_config.path
+        self.actor_engine.save_checkpoint(local_path, hf_weights=hf_weights, tokenizer_path=tokenizer)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False):
@@ -318,7 +322,11 @@ class CriticWorker(Worker):
     def save_checkpoint(
         self, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None
     ) -> None:
-        self.critic_engine.save_checkpoint(local_path)
+        """As the actor's: sharded state, random states and ``local_path/huggingface``."""
+        cfg = self.config
+        hf_weights = "hf_model" in cfg.checkpoint.save_contents
+        tokenizer = cfg.model.tokenizer_path or cfg.model.path
+        self.critic_engine.save_checkpoint(local_path, hf_weights=hf_weights, tokenizer_path=tokenizer)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False):

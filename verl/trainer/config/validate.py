@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,7 @@ UNIMPLEMENTED: list[tuple[str, Any, str, str]] = [
     ("algorithm.rollout_correction.bypass_mode", False, "error", _NO_ROLLOUT_CORRECTION),
     ("actor_rollout_ref.actor.optim.clip_grad", 1.0, "warn", "the actor clips with actor_rollout_ref.actor.grad_clip"),
     ("critic.optim.clip_grad", 1.0, "warn", "the critic clips with critic.grad_clip"),
+    ("trainer.del_local_ckpt_after_load", False, "warn", "checkpoints are kept after loading (no remote copy)"),
 ]
 # Estimators whose inputs the trainer does not produce yet.
 UNWIRED_ESTIMATORS = {
@@ -201,6 +203,26 @@ def _trainer(config: Any, problems: list[str]) -> None:
             problems.append("trainer.device=cuda but no CUDA device is visible; use trainer.device=auto or cpu")
     if world_size(config) < 1:
         problems.append("trainer.n_gpus_per_node × trainer.nnodes must be at least 1")
+    _resume(config.trainer, problems)
+
+
+def _resume(trainer: Any, problems: list[str]) -> None:
+    mode = trainer.resume_mode
+    if mode not in ("auto", "disable", "resume_path"):
+        problems.append(f"trainer.resume_mode={mode!r}; use auto, disable or resume_path")
+    elif mode == "resume_path":
+        path = trainer.resume_from_path
+        if not path or "global_step_" not in os.path.basename(os.path.normpath(str(path))):
+            problems.append(
+                f"trainer.resume_mode=resume_path needs trainer.resume_from_path to be a global_step_<N> folder, "
+                f"got {path!r}"
+            )
+    for key in ("max_actor_ckpt_to_keep", "max_critic_ckpt_to_keep"):
+        value = trainer.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            problems.append(f"trainer.{key}={value!r} must be null (keep all) or a positive integer")
+    if trainer.get("default_hdfs_dir"):
+        problems.append("trainer.default_hdfs_dir: copying checkpoints to HDFS is not supported; leave it null")
 
 
 def _unimplemented(config: Any, problems: list[str]) -> None:

@@ -7,9 +7,10 @@ update_weights → testing → save_checkpoint, all inside ``step``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import os
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup, create_colocated_worker_cls
+from verl.single_controller.ray.base import WorkerDiedError
 from verl.trainer.ppo.core_algos import get_kl_controller
 from verl.trainer.ppo.metric_utils import (
     compute_data_metrics,
@@ -27,6 +29,7 @@ from verl.trainer.ppo.metric_utils import (
     reduce_metrics,
 )
 from verl.trainer.ppo.reward import compute_reward, compute_reward_with_metrics
+from verl.trainer.ppo.trainer_checkpoint import load_trainer_checkpoint, save_trainer_checkpoint
 from verl.trainer.ppo.utils import (
     ResourcePoolManager,
     Role,
@@ -271,11 +274,13 @@ class RayPPOTrainer:
         stats = self.actor_rollout_wg.update_weights()
         return reduce_metrics({k: [s[k] for s in stats] for k in stats[0]}) if stats else {}
 
-    def _save_checkpoint(self) -> None:
-        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
-        self.actor_rollout_wg.save_checkpoint(os.path.join(folder, "actor"))
-        if self.critic_wg is not None:
-            self.critic_wg.save_checkpoint(os.path.join(folder, "critic"))
+    def _save_checkpoint(self, epoch: int) -> str:
+        """Atomically write ``global_step_<N>`` (see :mod:`verl.trainer.ppo.trainer_checkpoint`)."""
+        return save_trainer_checkpoint(self, epoch)
+
+    def _load_checkpoint(self) -> int:
+        """Resume per ``trainer.resume_mode``; returns the epoch to continue from."""
+        return load_trainer_checkpoint(self)
 
     def _validate(self) -> dict[str, float]:
         """Generate ``val_kwargs.n`` responses per validation prompt with ``val_kwargs`` sampling, score them with
@@ -333,17 +338,20 @@ class RayPPOTrainer:
             config=OmegaConf.to_container(self.config),
         )
         self.global_steps = 0
+        start_epoch = self._load_checkpoint()
         if trainer.val_before_train or trainer.val_only:
-            tracker.log(self._validate(), step=0)
-        if trainer.val_only:
-            logger.info("trainer.val_only=True: validated, not training")
+            tracker.log(self._validate(), step=self.global_steps)
+        if trainer.val_only or self.global_steps >= self.total_training_steps:
+            logger.info("not training: %s", "trainer.val_only=True" if trainer.val_only else "all steps are done")
             tracker.finish()
             return
-        self.global_steps = 1
-        progress = tqdm(total=self.total_training_steps, desc="Training Progress", dynamic_ncols=True)
+        progress = tqdm(
+            total=self.total_training_steps, initial=self.global_steps, desc="Training Progress", dynamic_ncols=True
+        )
+        self.global_steps += 1
         workers = self.resource_pool_manager.get_n_gpus()
         try:
-            for epoch in range(trainer.total_epochs):
+            for epoch in range(start_epoch, trainer.total_epochs):
                 for batch_dict in self.train_dataloader:
                     metrics = self.train_step(DataProto.from_single_dict(batch_dict), epoch, workers)
                     tracker.log(metrics, step=self.global_steps)
@@ -355,6 +363,15 @@ class RayPPOTrainer:
             progress.close()
             tracker.finish()
 
+    @contextlib.contextmanager
+    def _stage(self, name: str, timing: dict[str, float]) -> Iterator[None]:
+        """Time a stage under ``timing_s/<name>``; a worker that dies in it is reported with the stage and step."""
+        try:
+            with marked_timer(name, timing):
+                yield
+        except WorkerDiedError as e:
+            raise WorkerDiedError(f"in stage {name!r} of step {self.global_steps}: {e}") from e
+
     def train_step(self, batch: DataProto, epoch: int, workers: int) -> dict[str, Any]:
         """One step of the dataflow; returns its metrics."""
         trainer = self.config.trainer
@@ -365,44 +382,44 @@ class RayPPOTrainer:
             self._step_uids(batch, epoch)
             batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
             prompts = batch
-            with marked_timer("gen", timing):
+            with self._stage("gen", timing):
                 batch = self._generate(prompts)
             metrics.update(batch.meta_info.pop("generation_metrics"))
             if self.config.algorithm.adv_estimator == "remax":
-                with marked_timer("gen_max", timing):
+                with self._stage("gen_max", timing):
                     self._compute_reward_baselines(prompts, batch)
             if trainer.balance_batch:
                 _, balance_metrics = balance_batch(batch, workers)
                 metrics.update(balance_metrics)
-            with marked_timer("reward", timing):
+            with self._stage("reward", timing):
                 metrics.update(self._compute_reward(batch))
-            with marked_timer("old_log_prob", timing):
+            with self._stage("old_log_prob", timing):
                 metrics.update(self._compute_old_log_prob(batch))
             if self.use_reference_policy:
-                with marked_timer("ref", timing):
+                with self._stage("ref", timing):
                     self._compute_ref_log_prob(batch)
             if self.use_critic:
-                with marked_timer("values", timing):
+                with self._stage("values", timing):
                     self._compute_values(batch)
-            with marked_timer("adv", timing):
+            with self._stage("adv", timing):
                 metrics.update(self._compute_advantage(batch))
             if trainer.rollout_data_dir:
-                with marked_timer("dump_rollout_generations", timing):
+                with self._stage("dump_rollout_generations", timing):
                     self._dump_rollout(batch)
             if self.use_critic:
-                with marked_timer("update_critic", timing):
+                with self._stage("update_critic", timing):
                     metrics.update(self._update_critic(batch))
             if trainer.critic_warmup <= self.global_steps:
-                with marked_timer("update_actor", timing):
+                with self._stage("update_actor", timing):
                     metrics.update(self._update_actor(batch))
-                with marked_timer("update_weights", timing):
+                with self._stage("update_weights", timing):
                     metrics.update(self._update_weights())
             if trainer.test_freq > 0 and (last or self.global_steps % trainer.test_freq == 0):
-                with marked_timer("testing", timing):
+                with self._stage("testing", timing):
                     metrics.update(self._validate())
             if trainer.save_freq > 0 and (last or self.global_steps % trainer.save_freq == 0):
-                with marked_timer("save_checkpoint", timing):
-                    self._save_checkpoint()
+                with self._stage("save_checkpoint", timing):
+                    self._save_checkpoint(epoch)
         metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughout_metrics(batch, timing, workers))

@@ -5,10 +5,12 @@ Layout of a checkpoint folder::
     <path>/.metadata           DCP index (which tensor slice is in which file)
     <path>/__<rank>_0.distcp   each rank's shards of the model and optimizer state
     <path>/extra_state.pt      rank 0: lr-scheduler state and the world size that wrote it
+    <path>/rng_rank_<r>.pt     each rank's python / numpy / torch / CUDA random states
 
-DCP stores global tensor metadata, so a checkpoint written by W ranks loads into any number of ranks. All ranks must
-call ``save_sharded`` / ``load_sharded`` together; ``read_extra_state`` checks every file first, so a missing or
-damaged file is reported the same way on every rank before any collective starts.
+DCP stores global tensor metadata, so a checkpoint written by W ranks loads into any number of ranks (the random
+states are then not restored: they belong to ranks that no longer exist). All ranks must call ``save_sharded`` /
+``load_sharded`` together; ``read_extra_state`` checks every file first, so a missing or damaged file is reported
+the same way on every rank before any collective starts.
 """
 
 from __future__ import annotations
@@ -24,13 +26,17 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from verl.utils.rng import get_rng_state, set_rng_state
+
 __all__ = [
     "EXTRA_STATE_FILE",
     "METADATA_FILE",
     "check_checkpoint_files",
     "has_optimizer_state",
+    "load_rng_state",
     "load_sharded",
     "read_extra_state",
+    "rng_file",
     "save_sharded",
 ]
 
@@ -49,16 +55,27 @@ def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> d
     return state
 
 
+def rng_file(path: str, rank: int) -> str:
+    """The file of ``rank``'s random states in the checkpoint at ``path``."""
+    return os.path.join(path, f"rng_rank_{rank}.pt")
+
+
+def _save_file(obj: Any, file: str) -> None:
+    tmp = file + ".tmp"
+    torch.save(obj, tmp)
+    os.replace(tmp, file)
+
+
 def save_sharded(
     path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, extra_state: dict[str, Any]
 ) -> None:
-    """Write the model (+ optimizer) shards of every rank under ``path`` and, from rank 0, ``extra_state``."""
+    """Write the model (+ optimizer) shards and the random states of every rank under ``path`` and, from rank 0,
+    ``extra_state``."""
     os.makedirs(path, exist_ok=True)
     dcp.save(_state(model, optimizer), checkpoint_id=path)
+    _save_file(get_rng_state(), rng_file(path, dist.get_rank()))
     if dist.get_rank() == 0:
-        tmp = os.path.join(path, EXTRA_STATE_FILE + ".tmp")
-        torch.save({**extra_state, "world_size": dist.get_world_size()}, tmp)
-        os.replace(tmp, os.path.join(path, EXTRA_STATE_FILE))
+        _save_file({**extra_state, "world_size": dist.get_world_size()}, os.path.join(path, EXTRA_STATE_FILE))
     dist.barrier()
     logger.info("saved a sharded checkpoint to %s", path)
 
@@ -92,14 +109,40 @@ def check_checkpoint_files(path: str) -> None:
             )
 
 
-def read_extra_state(path: str) -> dict[str, Any]:
-    """Check the checkpoint's files (``check_checkpoint_files``) and return the extra state rank 0 saved."""
-    check_checkpoint_files(path)
-    extra_file = os.path.join(path, EXTRA_STATE_FILE)
+def _load_file(file: str, weights_only: bool = True) -> Any:
     try:
-        return torch.load(extra_file, map_location="cpu", weights_only=True)
+        return torch.load(file, map_location="cpu", weights_only=weights_only)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"checkpoint file {file} is missing") from e
     except Exception as e:  # unpickling raises many types
-        raise ValueError(f"checkpoint file {extra_file} is corrupt: torch.load failed ({type(e).__name__})") from e
+        raise ValueError(f"checkpoint file {file} is corrupt: torch.load failed ({type(e).__name__})") from e
+
+
+def read_extra_state(path: str) -> dict[str, Any]:
+    """Check the checkpoint's files (``check_checkpoint_files`` and every rank's random-state file) and return the
+    extra state rank 0 saved."""
+    check_checkpoint_files(path)
+    extra = _load_file(os.path.join(path, EXTRA_STATE_FILE))
+    for rank in range(int(extra.get("world_size", 0))):
+        if not os.path.isfile(rng_file(path, rank)):
+            raise FileNotFoundError(f"checkpoint file {rng_file(path, rank)} is missing (rank {rank}'s random states)")
+    return extra
+
+
+def load_rng_state(path: str, saved_world_size: int) -> bool:
+    """Restore this rank's random states from the checkpoint when it was written by as many ranks as there are now;
+    returns whether they were restored."""
+    if saved_world_size != dist.get_world_size():
+        logger.warning(
+            "random states of %s not restored: written by %d ranks, loaded by %d",
+            path,
+            saved_world_size,
+            dist.get_world_size(),
+        )
+        return False
+    # numpy's state holds a numpy array and python's a tuple: not loadable with weights_only
+    set_rng_state(_load_file(rng_file(path, dist.get_rank()), weights_only=False))
+    return True
 
 
 def load_sharded(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -32,6 +33,7 @@ from verl.workers.config.engine import FSDPEngineConfig
 from verl.workers.config.optimizer import FSDPOptimizerConfig
 from verl.workers.engine import checkpoint, offload
 from verl.workers.engine.full_state import iter_full_tensors
+from verl.workers.engine.hf_folder import HF_FOLDER, check_same_model, save_hf_folder
 from verl.workers.engine.hf_model import FORWARD_ONLY_ROLES, ROLES, VALUE_MODEL_ROLES, load_hf_model, torch_dtype
 from verl.workers.engine.lr_schedule import build_lr_scheduler
 from verl.workers.engine.optim import build_optimizer, clip_grad_norm_and_step
@@ -280,17 +282,25 @@ class FSDPEngine:
         }
 
     # ------------------------------------------------------------------ checkpoints
-    def save_checkpoint(self, path: str) -> None:
-        """Save model + optimizer shards with torch.distributed.checkpoint, and the lr schedule, under ``path``."""
+    def save_checkpoint(self, path: str, hf_weights: bool = False, tokenizer_path: str | None = None) -> None:
+        """Save model + optimizer shards with torch.distributed.checkpoint, the lr schedule and every rank's random
+        states under ``path``, and a Hugging Face folder under ``path/huggingface``: the model config (and the
+        tokenizer of ``tokenizer_path``) always, the full weights too with ``hf_weights``."""
         extra = {} if self.lr_scheduler is None else {"lr_scheduler": self.lr_scheduler.state_dict()}
         with self._on_device():
             reshard_all(self.module)
             checkpoint.save_sharded(path, self.module, self.optimizer, extra)
+        full_state = self.get_full_state_dict() if hf_weights else None  # a collective: every rank gathers
+        if self.rank == 0:
+            folder = os.path.join(path, HF_FOLDER)
+            save_hf_folder(folder, self.model_config, tokenizer_path, full_state, is_value_model=self.is_value_model)
+        dist.barrier()
 
     def load_checkpoint(self, path: str) -> None:
         """Load what ``save_checkpoint`` wrote (any world size). Raises FileNotFoundError / ValueError naming a
         missing or corrupt file."""
         extra = checkpoint.read_extra_state(path)
+        check_same_model(os.path.join(path, HF_FOLDER), self.model_config)
         if self.optimizer is not None:
             if not checkpoint.has_optimizer_state(path):
                 raise ValueError(f"checkpoint {path} has no optimizer state (saved by a forward-only engine?)")
@@ -301,4 +311,5 @@ class FSDPEngine:
             checkpoint.load_sharded(path, self.module, self.optimizer)
         if self.lr_scheduler is not None:
             self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
+        checkpoint.load_rng_state(path, int(extra.get("world_size", 0)))
         logger.info("loaded %s (written by %s ranks, loaded by %d)", path, extra.get("world_size"), self.world_size)

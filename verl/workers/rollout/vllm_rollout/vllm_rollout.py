@@ -23,17 +23,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import random
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from verl.protocol import DataProto
+from verl.utils.rng import get_rng_state, set_rng_state
 from verl.workers.config.rollout import RolloutConfig
 from verl.workers.rollout.base import BaseRollout, register_rollout
 from verl.workers.rollout.request import as_id_list, assemble_output, plan_generation
@@ -48,17 +47,12 @@ DEFAULT_CPU_KV_CACHE_BYTES = 64 * 2**20
 @contextlib.contextmanager
 def preserve_process_state() -> Iterator[None]:
     """Restore the global RNG states, the torch thread count and ``torch.set_num_threads`` on exit."""
-    py_state, np_state, torch_state = random.getstate(), np.random.get_state(), torch.get_rng_state()
-    cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    rng_state = get_rng_state()
     set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
     try:
         yield
     finally:
-        random.setstate(py_state)
-        np.random.set_state(np_state)
-        torch.set_rng_state(torch_state)
-        if cuda_states is not None:
-            torch.cuda.set_rng_state_all(cuda_states)
+        set_rng_state(rng_state)
         torch.set_num_threads = set_num_threads
         torch.set_num_threads(threads)
 
