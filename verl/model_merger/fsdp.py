@@ -1,0 +1,159 @@
+"""Merging the sharded DCP checkpoint of an ``FSDPEngine`` into a Hugging Face folder, in one process.
+
+``FSDPEngine.save_checkpoint(path)`` writes ``{"model": <module state dict>, "optimizer": ...}`` with
+torch.distributed.checkpoint, so the model's tensors are stored under ``model.<HF name>``. Only those entries are
+read (their global shapes and dtypes are in ``.metadata``); the optimizer state is never loaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from verl.model_merger.hf_export import (
+    build_hf_model,
+    compare_state_dicts,
+    describe,
+    load_reference_state_dict,
+    save_hf_model,
+)
+from verl.workers.engine.checkpoint import METADATA_FILE, check_checkpoint_files
+
+__all__ = [
+    "HF_CONFIG_FOLDER",
+    "MODEL_PREFIX",
+    "compare_fsdp_checkpoint",
+    "load_fsdp_model_state_dict",
+    "merge_fsdp_checkpoint",
+    "resolve_config_dir",
+]
+
+logger = logging.getLogger(__name__)
+
+# Top-level entry of the DCP state dict holding the model (the other one is "optimizer").
+MODEL_PREFIX = "model."
+# Sub-folder of a checkpoint where the engine writes the Hugging Face config (and tokenizer, and maybe weights).
+HF_CONFIG_FOLDER = "huggingface"
+
+
+def _torch_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    name = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}.get(
+        dtype, dtype
+    )
+    value = getattr(torch, name, None)
+    if not isinstance(value, torch.dtype) or not value.is_floating_point:
+        raise ValueError(f"dtype={dtype!r} is not a floating-point torch dtype (e.g. float32, bfloat16, float16)")
+    return value
+
+
+def load_fsdp_model_state_dict(local_dir: str, dtype: torch.dtype | str | None = None) -> dict[str, torch.Tensor]:
+    """The full model state dict (Hugging Face names, CPU tensors) of the DCP checkpoint at ``local_dir``.
+
+    Works without a process group: empty tensors are built from the global shapes and dtypes in ``.metadata`` and
+    filled by ``torch.distributed.checkpoint.load(..., no_dist=True)``, which reads only their byte ranges of the
+    ``.distcp`` files (written by any number of ranks). Tensors keep the checkpoint's dtype unless ``dtype`` is
+    given. Raises FileNotFoundError / ValueError naming a missing, truncated or corrupt file, or a checkpoint with
+    no model state.
+    """
+    check_checkpoint_files(local_dir)
+    metadata = FileSystemReader(local_dir).read_metadata()
+    state_dict: dict[str, torch.Tensor] = {}
+    for key, meta in metadata.state_dict_metadata.items():
+        if not key.startswith(MODEL_PREFIX):
+            continue
+        if not isinstance(meta, TensorStorageMetadata):
+            raise ValueError(f"{os.path.join(local_dir, METADATA_FILE)}: model entry {key} is not a tensor")
+        state_dict[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
+    if not state_dict:
+        raise ValueError(
+            f"{os.path.join(local_dir, METADATA_FILE)} indexes no model state ('{MODEL_PREFIX}*' entries): "
+            "not a checkpoint of FSDPEngine.save_checkpoint"
+        )
+    try:
+        with warnings.catch_warnings():  # no_dist always warns that it assumes a single process: that is the intent
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state_dict, checkpoint_id=local_dir, no_dist=True)
+    except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
+        raise ValueError(f"cannot read the model state of the checkpoint {local_dir}: {type(e).__name__}: {e}") from e
+    cast = _torch_dtype(dtype)
+    merged = {}
+    for key, tensor in state_dict.items():
+        if cast is not None and tensor.is_floating_point():
+            tensor = tensor.to(cast)
+        merged[key[len(MODEL_PREFIX) :]] = tensor
+    logger.info("read %s from %s", describe(merged), local_dir)
+    return merged
+
+
+def resolve_config_dir(local_dir: str, hf_model_config_path: str | None) -> str:
+    """``hf_model_config_path`` or ``<local_dir>/huggingface``; raises FileNotFoundError when it has no
+    ``config.json``."""
+    config_dir = hf_model_config_path or os.path.join(local_dir, HF_CONFIG_FOLDER)
+    config_file = os.path.join(config_dir, "config.json")
+    if not os.path.isfile(config_file):
+        raise FileNotFoundError(
+            f"{config_file} does not exist: pass --hf_model_config_path (hf_model_config_path=), a folder with the "
+            "config.json of the trained model (e.g. the model the training started from)"
+        )
+    return config_dir
+
+
+def merge_fsdp_checkpoint(
+    local_dir: str,
+    target_dir: str,
+    *,
+    hf_model_config_path: str | None = None,
+    is_value_model: bool = False,
+    trust_remote_code: bool = False,
+    dtype: torch.dtype | str | None = None,
+) -> str:
+    """Write the FSDP checkpoint at ``local_dir`` as a Hugging Face folder at ``target_dir``; returns ``target_dir``.
+
+    The model config (and tokenizer files) come from ``hf_model_config_path`` (default ``<local_dir>/huggingface``).
+    ``is_value_model`` builds a token-classification model with one label (a critic). Weights keep the checkpoint's
+    dtype unless ``dtype`` is given. Errors name the missing/corrupt file or the keys that do not fit.
+    """
+    check_checkpoint_files(local_dir)
+    config_dir = resolve_config_dir(local_dir, hf_model_config_path)
+    state_dict = load_fsdp_model_state_dict(local_dir, dtype=dtype)
+    return save_hf_model(
+        state_dict, config_dir, target_dir, is_value_model=is_value_model, trust_remote_code=trust_remote_code
+    )
+
+
+def compare_fsdp_checkpoint(
+    local_dir: str,
+    test_hf_dir: str,
+    *,
+    hf_model_config_path: str | None = None,
+    is_value_model: bool = False,
+    trust_remote_code: bool = False,
+    dtype: torch.dtype | str | None = None,
+    atol: float = 0.0,
+) -> tuple[int, list[str]]:
+    """Compare the model that merging ``local_dir`` would write with the Hugging Face folder ``test_hf_dir``.
+
+    Returns ``(number of tensors compared, differences)``; each difference names a tensor (see
+    ``compare_state_dicts``), and the list is empty when names, shapes, dtypes and values (within ``atol``) agree.
+    """
+    check_checkpoint_files(local_dir)
+    config_dir = resolve_config_dir(local_dir, hf_model_config_path)
+    if not os.path.isdir(test_hf_dir):
+        raise FileNotFoundError(f"reference folder {test_hf_dir} does not exist")
+    state_dict = load_fsdp_model_state_dict(local_dir, dtype=dtype)
+    merged = build_hf_model(
+        state_dict, config_dir, is_value_model=is_value_model, trust_remote_code=trust_remote_code
+    ).state_dict()
+    reference = load_reference_state_dict(
+        test_hf_dir, is_value_model=is_value_model, trust_remote_code=trust_remote_code
+    )
+    return len(merged), compare_state_dicts(merged, reference, atol=atol)
