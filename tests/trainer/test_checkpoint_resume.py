@@ -48,9 +48,14 @@ def assert_same_steps(resumed: dict[int, dict], straight: dict[int, dict]) -> No
 
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory) -> tuple[Path, dict[int, dict]]:
-    """4 steps without interruption, a checkpoint after each."""
+    """4 steps without interruption, a checkpoint after each (with HF weights)."""
     tmp = tmp_path_factory.mktemp("straight")
-    code, output, records = run_main(tmp, *COMMON, f"trainer.rollout_data_dir={tmp / 'rollouts'}")
+    code, output, records = run_main(
+        tmp,
+        *COMMON,
+        f"trainer.rollout_data_dir={tmp / 'rollouts'}",
+        "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
+    )
     assert code == 0, output[-3000:]
     return tmp, steps(records)
 
@@ -142,8 +147,23 @@ def test_checkpoint_layout(straight):
     actor = {p.name for p in (folder / "actor").iterdir()}
     assert {".metadata", "__0_0.distcp", "__1_0.distcp", "extra_state.pt", "rng_rank_0.pt", "rng_rank_1.pt"} <= actor
     hf = {p.name for p in (folder / "actor" / "huggingface").iterdir()}
-    assert "config.json" in hf and "tokenizer.json" in hf and not any(n.endswith(".safetensors") for n in hf)
+    assert {"config.json", "tokenizer.json", "model.safetensors"} <= hf
     assert not any(p.name.startswith(".tmp_") for p in folder.parent.iterdir())
+
+
+def test_model_merger_on_a_trainer_checkpoint(tmp_path, straight):
+    from transformers import AutoModelForCausalLM
+
+    actor = straight[0] / "ckpt" / "global_step_4" / "actor"
+    merge = [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir", str(actor)]
+    proc = subprocess.run([*merge, "--target_dir", str(tmp_path / "merged")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    assert model.config.hidden_size == 128 and (tmp_path / "merged" / "tokenizer.json").exists()
+    # the merged sharded state equals the HF weights the trainer wrote with hf_model, tensor for tensor
+    test = [sys.executable, "-m", "verl.model_merger", "test", "--backend", "fsdp", "--local_dir", str(actor)]
+    proc = subprocess.run([*test, "--test_hf_dir", str(actor / "huggingface")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
 
 
 def test_missing_file_and_another_model_are_refused_by_name(tmp_path, straight):

@@ -85,6 +85,10 @@ def test_a_valid_config_passes():
         ("algorithm.adv_estimator=optimal_token_baseline", "needs the actor's sum_pi_squared"),
         ("critic.model.lora_rank=8", "critic.model.lora_rank=8: LoRA training is not supported yet"),
         ("actor_rollout_ref.ref.ulysses_sequence_parallel_size=2", "sequence parallelism is not implemented"),
+        ("trainer.resume_mode=sometimes", "trainer.resume_mode='sometimes'; use auto, disable or resume_path"),
+        ("trainer.resume_mode=resume_path", "needs trainer.resume_from_path to be a global_step_<N> folder"),
+        ("trainer.max_actor_ckpt_to_keep=0", "max_actor_ckpt_to_keep=0 must be null (keep all) or a positive"),
+        ("trainer.default_hdfs_dir=/hdfs/x", "copying checkpoints to HDFS is not supported"),
     ],
 )
 def test_bad_configs_name_the_key(override, message):
