@@ -10,17 +10,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
+from tests.dist_utils import spawn_gloo
 from verl.model_merger import merge_fsdp_checkpoint, save_hf_model
 from verl.model_merger.__main__ import main
-from verl.utils.distributed import destroy_global_process_group, initialize_global_process_group
 from verl.utils.tiny_model import save_tiny_qwen2
 from verl.workers.config.engine import FSDPEngineConfig
 from verl.workers.config.optimizer import FSDPOptimizerConfig
@@ -32,24 +30,6 @@ RUNS = (("actor", "actor"), ("tied", "actor"), ("critic", "critic"))  # (checkpo
 
 def _batch() -> torch.Tensor:
     return torch.randint(3, 256, (4, 12), generator=torch.Generator().manual_seed(7))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _entry(rank: int, port: int, fn, args: tuple) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank)
-    )
-    torch.set_num_threads(1)
-    initialize_global_process_group(timeout_second=120)
-    try:
-        fn(rank, *args)
-    finally:
-        destroy_global_process_group()
 
 
 def _train_and_save(rank: int, out: str, model_dirs: dict[str, str]) -> None:
@@ -96,7 +76,7 @@ def trained(tiny_model_dir, tmp_path_factory) -> dict:
     out = str(tmp_path_factory.mktemp("model_merger"))
     tied_dir = save_tiny_qwen2(os.path.join(out, "tied_qwen2"), seed=1, tie_word_embeddings=True)
     model_dirs = {"actor": tiny_model_dir, "tied": tied_dir, "critic": tiny_model_dir}
-    mp.spawn(_entry, args=(_free_port(), _train_and_save, (out, model_dirs)), nprocs=WORLD, join=True)
+    spawn_gloo(_train_and_save, WORLD, out, model_dirs)
     engine_wrote_config = {}
     for name, _ in RUNS:  # until the engine writes <checkpoint>/huggingface itself, do it here
         hf_dir = os.path.join(out, name, "huggingface")

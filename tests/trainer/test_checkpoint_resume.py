@@ -101,7 +101,9 @@ def test_a_killed_worker_stops_the_run_and_the_resumed_run_matches(tmp_path, str
     killed_at = time.monotonic()
     output, _ = proc.communicate(timeout=180)
     assert proc.returncode != 0
-    assert time.monotonic() - killed_at < 120  # the driver noticed and stopped, no hang
+    stopped_after = time.monotonic() - killed_at
+    print(f"the driver stopped {stopped_after:.1f} s after the worker was killed")
+    assert stopped_after < 120  # the driver noticed and stopped, no hang
     assert "died while running" in output and "actor_rollout" in output and "in stage" in output, output[-3000:]
 
     # resume (trainer.resume_mode=auto): from step 2, through the epoch boundary after step 3, to step 4

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import socket
 
 import pytest
 import torch
@@ -14,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
 
+from tests.dist_utils import free_port
 from verl.protocol import DataProto
 from verl.utils.seqlen_balancing import (
     balance_batch,
@@ -174,12 +174,6 @@ def test_micro_batch_errors():
         restore_order([torch.zeros(1)], [[0, 1]])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _two_rank_worker(rank: int, port: int, results) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -200,7 +194,7 @@ def _two_rank_worker(rank: int, port: int, results) -> None:
 
 def test_micro_batch_count_agrees_over_the_data_parallel_group():
     results = mp.Manager().dict()
-    mp.spawn(_two_rank_worker, args=(_free_port(), results), nprocs=2, join=True)
+    mp.spawn(_two_rank_worker, args=(free_port(), results), nprocs=2, join=True)
     assert results[0][:2] == (4, [0, 1, 2, 3]) and results[1][:2] == (4, [0, 1, 2, 3])
     assert "another data-parallel rank" in results[0][2]
     assert "a sequence of 11 tokens exceeds max_token_len=10" in results[1][2]

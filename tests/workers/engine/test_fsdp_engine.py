@@ -12,14 +12,12 @@ import math
 import os
 import random
 import shutil
-import socket
 
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from verl.utils.distributed import destroy_global_process_group, initialize_global_process_group
+from tests.dist_utils import spawn_gloo
 from verl.utils.tiny_model import save_tiny_qwen2
 from verl.workers.config.engine import FSDPEngineConfig
 from verl.workers.config.optimizer import FSDPOptimizerConfig
@@ -62,28 +60,6 @@ def _optim_config(**overrides) -> FSDPOptimizerConfig:
 def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert list(a) == list(b)
     return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _entry(rank: int, world: int, port: int, fn, args: tuple) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
-    )
-    torch.set_num_threads(1)
-    initialize_global_process_group(timeout_second=120)
-    try:
-        fn(rank, *args)
-    finally:
-        destroy_global_process_group()
-
-
-def _spawn(fn, world: int, *args) -> None:
-    mp.spawn(_entry, args=(world, _free_port(), fn, args), nprocs=world, join=True)
 
 
 class _Records(logging.Handler):
@@ -253,7 +229,7 @@ def _reload_one_rank(rank: int, model_dir: str, out: str) -> None:
 def dist_run(tiny_model_dir, tmp_path_factory) -> tuple[str, list[dict]]:
     out = str(tmp_path_factory.mktemp("fsdp_engine"))
     tied_dir = save_tiny_qwen2(os.path.join(out, "tied_qwen2"), seed=1, tie_word_embeddings=True)
-    _spawn(_two_rank_checks, WORLD, tiny_model_dir, tied_dir, out)
+    spawn_gloo(_two_rank_checks, WORLD, tiny_model_dir, tied_dir, out)
     return out, [torch.load(os.path.join(out, f"rank{r}.pt"), weights_only=False) for r in range(WORLD)]
 
 
@@ -381,7 +357,7 @@ def test_checkpoint_file_checks(dist_run, tmp_path):
 
 def test_checkpoint_loads_with_another_world_size(dist_run, tiny_model_dir):
     out, ranks = dist_run
-    _spawn(_reload_one_rank, 1, tiny_model_dir, out)
+    spawn_gloo(_reload_one_rank, 1, tiny_model_dir, out)
     one = torch.load(os.path.join(out, "one_rank.pt"), weights_only=False)
     assert _max_diff(one["sd"], ranks[0]["step1_sd"]) == 0.0 and one["lr"] == ranks[0]["lr_1"]
 
