@@ -220,7 +220,8 @@ class ActorRolloutRefWorker(Worker):
             cfg.log_prob_use_dynamic_bsz,
             cfg.log_prob_max_token_len_per_gpu,
         )
-        log_probs, entropys = self.actor.compute_log_prob(data, calculate_entropy=True)
+        with self.actor_engine.on_device(optimizer=False):
+            log_probs, entropys = self.actor.compute_log_prob(data, calculate_entropy=True)
         metrics: dict[str, float] = {}
         mask = data.batch["response_mask"] if "response_mask" in data.batch.keys() else None
         if mask is not None:
@@ -241,7 +242,8 @@ class ActorRolloutRefWorker(Worker):
             ref.log_prob_use_dynamic_bsz,
             ref.log_prob_max_token_len_per_gpu,
         )
-        log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
+        with self.ref_engine.on_device(optimizer=False):
+            log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
         return DataProto.from_dict({"ref_log_prob": log_probs})
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
@@ -251,7 +253,8 @@ class ActorRolloutRefWorker(Worker):
             raise RuntimeError(f"update_actor on a worker of role {self.role!r}, which has no actor")
         data.meta_info.setdefault("temperature", self.rollout_config.temperature if self.rollout_config else 1.0)
         start = time.perf_counter()
-        metrics: dict[str, Any] = self.actor.update_policy(data)
+        with self.actor_engine.on_device():
+            metrics: dict[str, Any] = self.actor.update_policy(data)
         metrics["actor/lr"] = self.actor_engine.get_lr()
         self.actor_engine.lr_scheduler_step()
         metrics["perf/update_actor_seconds"] = time.perf_counter() - start
@@ -309,11 +312,13 @@ class CriticWorker(Worker):
         data.meta_info["micro_batch_size"] = self.config.forward_micro_batch_size_per_gpu or len(data)
         data.meta_info["use_dynamic_bsz"] = self.config.use_dynamic_bsz
         data.meta_info["max_token_len"] = self.config.forward_max_token_len_per_gpu
-        return DataProto.from_dict({"values": self.critic.compute_values(data)})
+        with self.critic_engine.on_device(optimizer=False):
+            return DataProto.from_dict({"values": self.critic.compute_values(data)})
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="critic"))
     def update_critic(self, data: DataProto) -> DataProto:
-        metrics: dict[str, Any] = self.critic.update_critic(data)
+        with self.critic_engine.on_device():
+            metrics: dict[str, Any] = self.critic.update_critic(data)
         metrics["critic/lr"] = self.critic_engine.get_lr()
         self.critic_engine.lr_scheduler_step()
         return DataProto(meta_info=_metrics_meta(metrics))
@@ -361,23 +366,20 @@ class RewardModelWorker(Worker):
 
     @torch.no_grad()
     def _score(self, batch: DataProto) -> torch.Tensor:
-        b = batch.batch
-        output = self.rm_engine.module(
-            input_ids=b["input_ids"],
-            attention_mask=b["attention_mask"],
-            position_ids=b["position_ids"],
-            use_cache=False,
-        )
+        device = self.rm_engine.device
+        b = {key: batch.batch[key].to(device) for key in ("input_ids", "attention_mask", "position_ids")}
+        output = self.rm_engine.module(**b, use_cache=False)
         logits = output.logits.squeeze(-1).float()  # (bs, seq): a score per position
         positions = torch.arange(logits.shape[-1], device=logits.device)
         last = (positions * b["attention_mask"]).argmax(-1, keepdim=True)  # the last attended position
-        return logits.gather(-1, last).squeeze(-1)
+        return logits.gather(-1, last).squeeze(-1).cpu()
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="reward"))
     def compute_rm_score(self, data: DataProto) -> DataProto:
         """``rm_scores`` (bs, response_length): the model's score of each sequence at its last response token."""
         micro = self.config.get("micro_batch_size_per_gpu") or len(data)
-        scores = torch.cat([self._score(m) for m in data.split(micro)])
+        with self.rm_engine.on_device(optimizer=False):
+            scores = torch.cat([self._score(m) for m in data.split(micro)])
         if hasattr(self.rm_engine.module, "reshard"):
             self.rm_engine.module.reshard()
         response_mask = data.batch["response_mask"] if "response_mask" in data.batch.keys() else None

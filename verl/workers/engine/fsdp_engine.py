@@ -243,9 +243,11 @@ class FSDPEngine:
         self._optimizer_offloaded = None
 
     @contextlib.contextmanager
-    def _on_device(self) -> Iterator[None]:
-        """Temporarily load offloaded parameters/optimizer state (for checkpointing and weight export)."""
-        params, optim = self._params_offloaded, self._optimizer_offloaded is not None
+    def on_device(self, optimizer: bool = True) -> Iterator[None]:
+        """Temporarily load offloaded parameters (and, with ``optimizer``, the optimizer state) onto the device, and
+        offload them again after: around every forward, update, checkpoint and weight export. Nothing to do when
+        nothing is offloaded (always the case on CPU)."""
+        params, optim = self._params_offloaded, optimizer and self._optimizer_offloaded is not None
         if params:
             self.load_params()
         if optim:
@@ -268,7 +270,7 @@ class FSDPEngine:
         ``dtype`` if given. ``bucket_bytes`` gathers several shards per collective (see
         ``verl.workers.engine.full_state.iter_full_tensors``). All ranks must consume the iterator to its end.
         """
-        with self._on_device():
+        with self.on_device():
             reshard_all(self.module)
             yield from iter_full_tensors(self.module.state_dict(), dtype=dtype, bucket_bytes=bucket_bytes)
 
@@ -287,7 +289,7 @@ class FSDPEngine:
         states under ``path``, and a Hugging Face folder under ``path/huggingface``: the model config (and the
         tokenizer of ``tokenizer_path``) always, the full weights too with ``hf_weights``."""
         extra = {} if self.lr_scheduler is None else {"lr_scheduler": self.lr_scheduler.state_dict()}
-        with self._on_device():
+        with self.on_device():
             reshard_all(self.module)
             checkpoint.save_sharded(path, self.module, self.optimizer, extra)
         full_state = self.get_full_state_dict() if hf_weights else None  # a collective: every rank gathers
@@ -306,7 +308,7 @@ class FSDPEngine:
                 raise ValueError(f"checkpoint {path} has no optimizer state (saved by a forward-only engine?)")
             if "lr_scheduler" not in extra:
                 raise ValueError(f"checkpoint {path} has no lr-scheduler state; {checkpoint.EXTRA_STATE_FILE} lacks it")
-        with self._on_device():
+        with self.on_device():
             reshard_all(self.module)
             checkpoint.load_sharded(path, self.module, self.optimizer)
         if self.lr_scheduler is not None:
