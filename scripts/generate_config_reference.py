@@ -260,8 +260,8 @@ DIFFERENCES: dict[str, str] = {
     "accelerator.",
     "actor_rollout_ref.actor.calculate_sum_pi_squared": "not read by the trainer: the optimal-token-baseline "
     "estimators are refused by validation until it is (see algorithms.md).",
-    "actor_rollout_ref.actor.policy_loss.rollout_correction": "the trainer does not fill it from "
-    "`algorithm.rollout_correction` in this version, so the `bypass_mode` loss is not usable from the command line.",
+    "actor_rollout_ref.actor.policy_loss.rollout_correction": "leave it null: with "
+    "`algorithm.rollout_correction.bypass_mode=true` the trainer fills it (and sets `loss_mode=bypass_mode`).",
     "data.datagen.path": "a non-null value fails at start-up: dynamically generated datasets are not supported yet.",
 }
 
@@ -381,8 +381,6 @@ NOT_READ_SHARED_NAME: dict[str, str] = {
     "reward_model.forward_max_token_len_per_gpu": "",
     "reward_model.model.override_config": "",
     "reward_model.model.use_remove_padding": "",
-    "algorithm.rollout_correction": "the pieces exist (`verl.trainer.ppo.rollout_corr_helper`, the `bypass_mode` "
-    "policy loss) and the per-step `rollout_corr/*` mismatch metrics are logged regardless.",
 }
 
 LEGEND = """\

@@ -176,6 +176,36 @@ def test_remax_baseline_and_a_custom_chat_template(tmp_path):
     )
 
 
+def test_rollout_correction_and_bypass_mode(tmp_path):
+    # a bf16 rollout against the fp32 trainer: a real mismatch for the IS weights and the rejection to act on
+    code, output, records = run_main(
+        tmp_path,
+        "trainer.total_training_steps=2",
+        "actor_rollout_ref.rollout.dtype=bfloat16",
+        "algorithm.rollout_correction.rollout_is=token",
+        "algorithm.rollout_correction.rollout_rs=token_k2",
+        "algorithm.rollout_correction.rollout_rs_threshold=1e-5",
+    )
+    assert code == 0, output[-3000:]
+    data = records[-1]["data"]
+    assert abs(data["rollout_corr/rollout_is_mean"] - 1.0) < 0.1 and data["rollout_corr/rollout_is_max"] <= 2.0
+    assert 0.0 < data["rollout_corr/rollout_rs_masked_fraction"] < 1.0  # some tokens left the loss, not all
+    assert data["timing_s/old_log_prob"] > 0
+
+    code, output, records = run_main(
+        tmp_path,
+        "trainer.total_training_steps=2",
+        "algorithm.rollout_correction.bypass_mode=true",
+        "algorithm.rollout_correction.rollout_is=token",
+        "algorithm.rollout_correction.loss_type=reinforce",
+        name="bypass",
+    )
+    assert code == 0, output[-3000:]
+    data = records[-1]["data"]
+    assert "timing_s/old_log_prob" not in data  # the rollout's log-probs stood in for the old-policy pass
+    assert "rollout_corr/rollout_is_mean" in data and data["actor/pg_loss"] == data["actor/pg_loss"]
+
+
 def test_bad_config_fails_before_ray_naming_every_problem(tmp_path):
     code, output, _ = run_main(tmp_path, "trainer.mode=separate_async", "actor_rollout_ref.actor.clip_ratio=-1")
     assert code != 0

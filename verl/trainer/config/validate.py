@@ -29,7 +29,6 @@ BASE_YAML = Path(__file__).with_name("ppo_trainer.yaml")
 TRAINER_MODES = ("sync", "colocate_async", "separate_async")
 IMPLEMENTED_MODES = ("sync",)
 
-_NO_ROLLOUT_CORRECTION = "rollout correction is not wired into the trainer yet"
 # (key, default, consequence, why): keys accepted for compatibility whose other values verl does not implement.
 # "warn": the value has no effect here; "error": verl would silently do something else than the value asks.
 UNIMPLEMENTED: list[tuple[str, Any, str, str]] = [
@@ -49,9 +48,6 @@ UNIMPLEMENTED: list[tuple[str, Any, str, str]] = [
     ("critic.model.lora_rank", 0, "error", "LoRA training is not supported yet"),
     ("actor_rollout_ref.ref.ulysses_sequence_parallel_size", 1, "error", "sequence parallelism is not implemented"),
     ("algorithm.filter_groups.enable", False, "error", "dynamic sampling (DAPO's filter_groups) is not here yet"),
-    ("algorithm.rollout_correction.rollout_is", None, "error", _NO_ROLLOUT_CORRECTION),
-    ("algorithm.rollout_correction.rollout_rs", None, "error", _NO_ROLLOUT_CORRECTION),
-    ("algorithm.rollout_correction.bypass_mode", False, "error", _NO_ROLLOUT_CORRECTION),
     ("actor_rollout_ref.actor.optim.clip_grad", 1.0, "warn", "the actor clips with actor_rollout_ref.actor.grad_clip"),
     ("critic.optim.clip_grad", 1.0, "warn", "the critic clips with critic.grad_clip"),
     ("trainer.del_local_ckpt_after_load", False, "warn", "checkpoints are kept after loading (no remote copy)"),

@@ -29,6 +29,7 @@ from verl.trainer.ppo.metric_utils import (
     reduce_metrics,
 )
 from verl.trainer.ppo.reward import compute_reward, compute_reward_with_metrics
+from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode, compute_rollout_correction_and_add_to_batch
 from verl.trainer.ppo.trainer_checkpoint import load_trainer_checkpoint, save_trainer_checkpoint
 from verl.trainer.ppo.utils import (
     ResourcePoolManager,
@@ -101,6 +102,9 @@ class RayPPOTrainer:
         self.use_rm = bool(self.config.reward_model.enable)
         algo = self.config.algorithm
         self.kl_ctrl_in_reward = get_kl_controller(algo.kl_ctrl) if algo.use_kl_in_reward else None
+        correction = algo.get("rollout_correction") or {}
+        self.bypass_mode = bool(correction.get("bypass_mode", False))
+        self.rollout_correction = bool(correction.get("rollout_is") or correction.get("rollout_rs"))
         self.train_dataset, self.val_dataset = train_dataset, val_dataset
         trainer = self.config.trainer
         self.generations_logger = ValidationGenerationsLogger(trainer.project_name, trainer.experiment_name)
@@ -142,6 +146,11 @@ class RayPPOTrainer:
         with open_dict(self.config):
             self.config.actor_rollout_ref.actor.optim.total_training_steps = total
             self.config.critic.optim.total_training_steps = total
+            if self.bypass_mode:  # the actor's loss reads the rollout-correction settings (veRL does the same)
+                policy_loss = self.config.actor_rollout_ref.actor.policy_loss
+                logger.info("rollout_correction.bypass_mode: actor loss %r → 'bypass_mode'", policy_loss.loss_mode)
+                policy_loss.loss_mode = "bypass_mode"
+                policy_loss.rollout_correction = self.config.algorithm.rollout_correction
 
     def init_workers(self) -> None:
         """Create the pools and one fused worker per bundle for the roles of each pool; build their models."""
@@ -233,10 +242,17 @@ class RayPPOTrainer:
         return reduce_metrics(metrics)
 
     def _compute_old_log_prob(self, batch: DataProto) -> dict[str, Any]:
+        """``old_log_probs`` from the actor; then, with ``algorithm.rollout_correction.rollout_is`` / ``rollout_rs``,
+        the IS weights and the rejection mask against the rollout engine's log-probs."""
         out = self.actor_rollout_wg.compute_log_prob(batch)
         metrics = reduce_metrics(out.meta_info.pop("metrics", {}))
         out.pop(batch_keys=["entropys"])
         batch.union(out)
+        if self.rollout_correction:
+            _, correction_metrics = compute_rollout_correction_and_add_to_batch(
+                batch, self.config.algorithm.rollout_correction
+            )
+            metrics.update(correction_metrics)
         return metrics
 
     def _compute_ref_log_prob(self, batch: DataProto) -> None:
@@ -393,8 +409,11 @@ class RayPPOTrainer:
                 metrics.update(balance_metrics)
             with self._stage("reward", timing):
                 metrics.update(self._compute_reward(batch))
-            with self._stage("old_log_prob", timing):
-                metrics.update(self._compute_old_log_prob(batch))
+            if self.bypass_mode:  # the rollout's log-probs are the old ones: no forward pass
+                apply_bypass_mode(batch)
+            else:
+                with self._stage("old_log_prob", timing):
+                    metrics.update(self._compute_old_log_prob(batch))
             if self.use_reference_policy:
                 with self._stage("ref", timing):
                     self._compute_ref_log_prob(batch)
