@@ -258,8 +258,6 @@ DIFFERENCES: dict[str, str] = {
     "actor_rollout_ref.actor.fsdp_config.param_offload": "a no-op on CPU (the shards already live in host memory).",
     "actor_rollout_ref.actor.fsdp_config.offload_policy": "an error on CPU: FSDP2's `CPUOffloadPolicy` needs an "
     "accelerator.",
-    "actor_rollout_ref.actor.calculate_sum_pi_squared": "not read by the trainer: the optimal-token-baseline "
-    "estimators are refused by validation until it is (see algorithms.md).",
     "actor_rollout_ref.actor.policy_loss.rollout_correction": "leave it null: with "
     "`algorithm.rollout_correction.bypass_mode=true` the trainer fills it (and sets `loss_mode=bypass_mode`).",
     "data.datagen.path": "a non-null value fails at start-up: dynamically generated datasets are not supported yet.",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -176,11 +177,14 @@ def test_remax_baseline_and_a_custom_chat_template(tmp_path):
     )
 
 
-def test_rollout_correction_and_bypass_mode(tmp_path):
-    # a bf16 rollout against the fp32 trainer: a real mismatch for the IS weights and the rejection to act on
+def test_rollout_correction_bypass_mode_and_the_optimal_token_baseline(tmp_path):
+    # a bf16 rollout against the fp32 trainer: a real mismatch for the IS weights and the rejection to act on; the
+    # optimal-token baseline reads the old-log-prob pass's Σπ² and the IS weights
     code, output, records = run_main(
         tmp_path,
         "trainer.total_training_steps=2",
+        "algorithm.adv_estimator=optimal_token_baseline",
+        "actor_rollout_ref.actor.calculate_sum_pi_squared=true",
         "actor_rollout_ref.rollout.dtype=bfloat16",
         "algorithm.rollout_correction.rollout_is=token",
         "algorithm.rollout_correction.rollout_rs=token_k2",
@@ -191,6 +195,8 @@ def test_rollout_correction_and_bypass_mode(tmp_path):
     assert abs(data["rollout_corr/rollout_is_mean"] - 1.0) < 0.1 and data["rollout_corr/rollout_is_max"] <= 2.0
     assert 0.0 < data["rollout_corr/rollout_rs_masked_fraction"] < 1.0  # some tokens left the loss, not all
     assert data["timing_s/old_log_prob"] > 0
+    advantages = [data[f"critic/advantages/{stat}"] for stat in ("mean", "max", "min")]
+    assert all(math.isfinite(a) for a in advantages) and advantages[1] > advantages[2]
 
     code, output, records = run_main(
         tmp_path,

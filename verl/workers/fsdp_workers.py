@@ -209,8 +209,9 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        """``old_log_probs`` (+ ``entropys``) of the responses under the current actor; mismatch metrics against
-        ``rollout_log_probs`` when the batch carries them."""
+        """``old_log_probs`` and ``entropys`` of the responses under the current actor (+ ``sum_pi_squared`` with
+        ``actor.calculate_sum_pi_squared``); mismatch metrics against ``rollout_log_probs`` when the batch carries
+        them."""
         if not self._is_actor:
             raise RuntimeError(f"compute_log_prob on a worker of role {self.role!r}, which has no actor")
         cfg = self.rollout_config
@@ -221,14 +222,17 @@ class ActorRolloutRefWorker(Worker):
             cfg.log_prob_max_token_len_per_gpu,
         )
         with self.actor_engine.on_device(optimizer=False):
-            log_probs, entropys = self.actor.compute_log_prob(data, calculate_entropy=True)
+            outputs = self.actor.compute_log_prob_outputs(
+                data, calculate_entropy=True, calculate_sum_pi_squared=self.actor_config.calculate_sum_pi_squared
+            )
+        log_probs, entropys = outputs.pop("log_probs"), outputs["entropys"]
         metrics: dict[str, float] = {}
         mask = data.batch["response_mask"] if "response_mask" in data.batch.keys() else None
         if mask is not None:
             metrics["actor/entropy"] = float(masked_mean(entropys, mask))
             if "rollout_log_probs" in data.batch.keys():
                 metrics.update(rollout_mismatch_metrics(log_probs, data.batch["rollout_log_probs"], mask))
-        return DataProto.from_dict({"old_log_probs": log_probs, "entropys": entropys}, meta_info=_metrics_meta(metrics))
+        return DataProto.from_dict({"old_log_probs": log_probs, **outputs}, meta_info=_metrics_meta(metrics))
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="ref"))
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:

@@ -81,7 +81,7 @@ def test_a_valid_config_passes():
         ("algorithm.kl_ctrl.type=pid", "kl_ctrl"),
         ("algorithm.filter_groups={enable: true, metric: acc}", "dynamic sampling (DAPO's filter_groups)"),
         ("algorithm.rollout_correction.rollout_is=both", "rollout_is='both'; use null, 'token' or 'sequence'"),
-        ("algorithm.adv_estimator=optimal_token_baseline", "needs the actor's sum_pi_squared"),
+        ("algorithm.adv_estimator=optimal_token_baseline", "set actor_rollout_ref.actor.calculate_sum_pi_squared=true"),
         ("critic.model.lora_rank=8", "critic.model.lora_rank=8: LoRA training is not supported yet"),
         ("actor_rollout_ref.ref.ulysses_sequence_parallel_size=2", "sequence parallelism is not implemented"),
         ("trainer.resume_mode=sometimes", "trainer.resume_mode='sometimes'; use auto, disable or resume_path"),

@@ -84,6 +84,10 @@ def test_compute_log_prob_matches_a_plain_forward():
     probs = torch.softmax(logits, -1)
     torch.testing.assert_close(entropy, -(probs * torch.log(probs)).sum(-1), rtol=0, atol=1e-5)
     assert not torch.allclose(log_probs, expected + 1e-3, rtol=0, atol=1e-5)  # the tolerance can fail
+    # Σπ² of the tempered distribution (the optimal-token baselines' input), in the same pass
+    outputs = actor.compute_log_prob_outputs(data, calculate_sum_pi_squared=True)
+    assert set(outputs) == {"log_probs", "sum_pi_squared"}
+    torch.testing.assert_close(outputs["sum_pi_squared"], probs.square().sum(-1), rtol=0, atol=1e-6)
 
 
 def test_micro_batching_does_not_change_the_update():
@@ -194,6 +198,9 @@ def test_remove_padding_and_dynamic_bsz_log_probs_equal_the_padded_path(dynamic)
     reading = data.batch["attention_mask"][:, PROMPT - 1 : -1]
     assert_equal_within_tol(log_probs, expected_lp, reading)
     assert_equal_within_tol(entropy, expected_ent, reading)
+    expected_spi = padded.compute_log_prob_outputs(data, calculate_sum_pi_squared=True)["sum_pi_squared"]
+    spi = packed.compute_log_prob_outputs(data, calculate_sum_pi_squared=True)["sum_pi_squared"]
+    assert_equal_within_tol(spi, expected_spi, reading)
     assert bool((log_probs[reading == 0] == 0).all())  # padding reads nothing in the packed path
 
 

@@ -52,11 +52,8 @@ UNIMPLEMENTED: list[tuple[str, Any, str, str]] = [
     ("critic.optim.clip_grad", 1.0, "warn", "the critic clips with critic.grad_clip"),
     ("trainer.del_local_ckpt_after_load", False, "warn", "checkpoints are kept after loading (no remote copy)"),
 ]
-# Estimators whose inputs the trainer does not produce yet.
-UNWIRED_ESTIMATORS = {
-    "optimal_token_baseline": "needs the actor's sum_pi_squared, which the trainer does not compute yet",
-    "tir_optimal_token_baseline": "needs the actor's sum_pi_squared, which the trainer does not compute yet",
-}
+# Estimators that need the actor's Σπ² from the old-log-prob pass.
+SUM_PI_SQUARED_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")
 
 
 class ConfigError(ValueError):
@@ -234,8 +231,14 @@ def _unimplemented(config: Any, problems: list[str]) -> None:
 
 def _estimator(config: Any, problems: list[str]) -> None:
     estimator = config.algorithm.adv_estimator
-    if estimator in UNWIRED_ESTIMATORS:
-        problems.append(f"algorithm.adv_estimator={estimator!r} {UNWIRED_ESTIMATORS[estimator]}; use another estimator")
+    actor = config.actor_rollout_ref.actor
+    if estimator in SUM_PI_SQUARED_ESTIMATORS and not actor.calculate_sum_pi_squared:
+        problems.append(
+            f"algorithm.adv_estimator={estimator!r} needs Σπ² per token from the old-log-prob pass: set "
+            "actor_rollout_ref.actor.calculate_sum_pi_squared=true"
+        )
+    if estimator in SUM_PI_SQUARED_ESTIMATORS and config.algorithm.rollout_correction.bypass_mode:
+        problems.append(f"algorithm.adv_estimator={estimator!r} needs the old-log-prob pass, which bypass_mode skips")
 
 
 def validate_config(config: DictConfig) -> None:

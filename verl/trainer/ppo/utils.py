@@ -91,6 +91,9 @@ def apply_kl_penalty(data: DataProto, kl_ctrl: Any, kl_penalty_type: str = "kl")
     return data, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
 
 
+OTB_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")
+
+
 def compute_advantage(
     data: DataProto,
     adv_estimator: str,
@@ -112,8 +115,10 @@ def compute_advantage(
         )
     else:
         kwargs: dict[str, Any] = {}
-        if "reward_baselines" in b.keys():
-            kwargs["reward_baselines"] = b["reward_baselines"]
+        # the inputs only some estimators take (ReMax's baseline; the optimal-token baselines' policy statistics)
+        for key in ("reward_baselines", "old_log_probs", "sum_pi_squared", "rollout_is_weights"):
+            if key in b.keys() and (key == "reward_baselines" or adv_estimator in OTB_ESTIMATORS):
+                kwargs[key] = b[key]
         advantages, returns = get_adv_estimator_fn(adv_estimator)(
             token_level_rewards=b["token_level_rewards"],
             response_mask=b["response_mask"],

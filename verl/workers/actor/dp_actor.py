@@ -104,9 +104,15 @@ class DataParallelPPOActor:
 
     # ------------------------------------------------------------------ forward
     def _forward_micro_batch(
-        self, micro_batch: DataProto, temperature: float, calculate_entropy: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs (and entropy) of the response tokens. Shape: (micro_bs, response_length) each.
+        self,
+        micro_batch: DataProto,
+        temperature: float,
+        calculate_entropy: bool,
+        calculate_sum_pi_squared: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        """``log_probs`` of the response tokens, and their ``entropys`` / ``sum_pi_squared`` (Σ_v π_v² of the
+        tempered distribution, for the optimal-token-baseline estimators) when asked for. Shape: (micro_bs,
+        response_length) each.
 
         With ``use_remove_padding`` the model sees only the valid tokens, packed into one row; outputs at padding
         (where the token that predicts a response token is itself padding) are 0.
@@ -132,22 +138,32 @@ class DataParallelPPOActor:
             labels = responses
         if temperature != 1.0:
             logits = logits / temperature
-        log_probs = logprobs_from_logits(logits, labels)
-        entropy = entropy_from_logits(logits) if calculate_entropy else None
+        out = {"log_probs": logprobs_from_logits(logits, labels)}
+        if calculate_entropy:
+            out["entropys"] = entropy_from_logits(logits)
+        if calculate_sum_pi_squared:
+            out["sum_pi_squared"] = torch.softmax(logits.float(), dim=-1).square().sum(-1)
         if self.use_remove_padding:
-            log_probs = pad_input(log_probs, slot, bs, response_length)
-            entropy = pad_input(entropy, slot, bs, response_length) if entropy is not None else None
-        return log_probs, entropy
+            out = {key: pad_input(value, slot, bs, response_length) for key, value in out.items()}
+        return out
+
+    def compute_log_prob(
+        self, data: DataProto, calculate_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(log_probs, entropys)`` of ``data``'s responses under the current policy, each (bs, response_length);
+        ``entropys`` is None unless asked for. See :meth:`compute_log_prob_outputs`."""
+        out = self.compute_log_prob_outputs(data, calculate_entropy=calculate_entropy)
+        return out["log_probs"], out.get("entropys")
 
     @torch.no_grad()
-    def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probs of ``data``'s responses under the current policy.
+    def compute_log_prob_outputs(
+        self, data: DataProto, calculate_entropy: bool = False, calculate_sum_pi_squared: bool = False
+    ) -> dict[str, torch.Tensor]:
+        """``{"log_probs"[, "entropys"][, "sum_pi_squared"]}`` of ``data``'s responses under the current policy,
+        each (bs, response_length).
 
         Reads ``meta_info``: ``micro_batch_size`` (default: the whole batch), ``temperature`` (default 1.0), and
         ``use_dynamic_bsz`` / ``max_token_len`` (token-budget micro-batches; rows come back in ``data``'s order).
-
-        Returns:
-            ``(log_probs, entropys)``, each (bs, response_length); ``entropys`` is None unless asked for.
         """
         meta = data.meta_info
         temperature = float(meta.get("temperature", 1.0))
@@ -159,17 +175,17 @@ class DataParallelPPOActor:
             meta.get("max_token_len"),
         )
         self.actor_module.eval()
-        log_probs, entropys = [], []
+        parts: dict[str, list[torch.Tensor]] = defaultdict(list)
         for micro in micro_batches:
-            lp, ent = self._forward_micro_batch(micro, temperature, calculate_entropy)
-            log_probs.append(lp)
-            if ent is not None:
-                entropys.append(ent)
+            for key, value in self._forward_micro_batch(
+                micro, temperature, calculate_entropy, calculate_sum_pi_squared
+            ).items():
+                parts[key].append(value)
         if hasattr(self.actor_module, "reshard"):  # FSDP2: free the gathered params after a no-grad pass
             self.actor_module.reshard()
         if order is not None:
-            return restore_order(log_probs, order), (restore_order(entropys, order) if calculate_entropy else None)
-        return torch.cat(log_probs), (torch.cat(entropys) if calculate_entropy else None)
+            return {key: restore_order(values, order) for key, values in parts.items()}
+        return {key: torch.cat(values) for key, values in parts.items()}
 
     # ------------------------------------------------------------------ update
     def update_policy(self, data: DataProto) -> dict[str, list[float]]:
@@ -222,7 +238,8 @@ class DataParallelPPOActor:
             for micro in micro_batches:
                 mb = micro.batch
                 mask = mb["response_mask"]
-                log_prob, entropy = self._forward_micro_batch(micro, temperature, calculate_entropy)
+                forward = self._forward_micro_batch(micro, temperature, calculate_entropy)
+                log_prob, entropy = forward["log_probs"], forward.get("entropys")
                 pg_loss, pg_metrics = policy_loss_fn(
                     old_log_prob=mb["old_log_probs"],
                     log_prob=log_prob,
