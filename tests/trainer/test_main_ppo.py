@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -159,11 +160,12 @@ def test_val_only_with_a_validation_set_that_does_not_divide_over_the_workers(tm
     assert len(rows) == 5 and len({r["input"] for r in rows}) == 5  # padding rows were dropped
 
 
-def test_remax_baseline_and_a_custom_chat_template(tmp_path):
+def test_remax_baseline_pf_ppo_and_a_custom_chat_template(tmp_path):
     template = "{% for m in messages %}Q: {{ m.content }} {% endfor %}A:"
     code, output, records = run_main(
         tmp_path,
         "algorithm.adv_estimator=remax",
+        "algorithm.use_pf_ppo=true",
         "trainer.total_training_steps=2",
         f"actor_rollout_ref.model.custom_chat_template='{template}'",
         f"trainer.rollout_data_dir={tmp_path / 'rollouts'}",
@@ -171,10 +173,11 @@ def test_remax_baseline_and_a_custom_chat_template(tmp_path):
     assert code == 0, output[-3000:]
     data = records[-1]["data"]
     assert data["timing_s/gen_max"] > 0 and data["timing_s/generate_sequences"] > 0
-    assert all(
-        r["input"].startswith("Q: What is") and r["input"].endswith("A:")
-        for r in read_jsonl(tmp_path / "rollouts" / "2.jsonl")
-    )
+    rows = read_jsonl(tmp_path / "rollouts" / "2.jsonl")
+    assert all(r["input"].startswith("Q: What is") and r["input"].endswith("A:") for r in rows)
+    # PF-PPO resampled the 64 samples with replacement: a prompt no longer appears a multiple of n=4 times
+    counts = Counter(r["input"] for r in rows)
+    assert len(rows) == 64 and any(c % 4 for c in counts.values())
 
 
 def test_rollout_correction_bypass_mode_and_the_optimal_token_baseline(tmp_path):

@@ -36,7 +36,6 @@ UNIMPLEMENTED: list[tuple[str, Any, str, str]] = [
     ("critic.ulysses_sequence_parallel_size", 1, "error", "sequence parallelism is not implemented"),
     ("actor_rollout_ref.rollout.multi_turn.enable", False, "error", "multi-turn / tool rollouts are not implemented"),
     ("actor_rollout_ref.hybrid_engine", True, "error", "only the hybrid engine is implemented"),
-    ("algorithm.use_pf_ppo", False, "error", "PF-PPO resampling is not wired into the trainer yet"),
     ("reward_model.launch_reward_fn_async", False, "warn", "rewards are computed in the driver's worker pool"),
     ("actor_rollout_ref.actor.use_torch_compile", True, "warn", "torch.compile is not used"),
     ("actor_rollout_ref.model.use_liger", False, "warn", "Liger kernels are not used"),

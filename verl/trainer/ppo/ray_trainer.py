@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup, create_colocated_worker_cls
 from verl.single_controller.ray.base import WorkerDiedError
-from verl.trainer.ppo.core_algos import get_kl_controller
+from verl.trainer.ppo.core_algos import compute_pf_ppo_reweight_data, get_kl_controller
 from verl.trainer.ppo.metric_utils import (
     compute_data_metrics,
     compute_throughout_metrics,
@@ -279,6 +279,14 @@ class RayPPOTrainer:
         )
         return metrics
 
+    def _pf_ppo_resample(self, batch: DataProto) -> DataProto:
+        """PF-PPO: the batch resampled with replacement, weighted by score (``algorithm.pf_ppo``); the draw is
+        seeded by ``data.seed`` and the step, so a resumed run draws the same rows."""
+        pf = self.config.algorithm.pf_ppo
+        seed = int(self.config.data.get("seed") or 1) * 1_000_003 + self.global_steps
+        generator = torch.Generator().manual_seed(seed)
+        return compute_pf_ppo_reweight_data(batch, pf.reweight_method, pf.weight_pow, generator=generator)
+
     def _update_critic(self, batch: DataProto) -> dict[str, Any]:
         return reduce_metrics(self.critic_wg.update_critic(batch).meta_info["metrics"])
 
@@ -422,6 +430,8 @@ class RayPPOTrainer:
                     self._compute_values(batch)
             with self._stage("adv", timing):
                 metrics.update(self._compute_advantage(batch))
+                if self.config.algorithm.use_pf_ppo:
+                    batch = self._pf_ppo_resample(batch)
             if trainer.rollout_data_dir:
                 with self._stage("dump_rollout_generations", timing):
                     self._dump_rollout(batch)
