@@ -74,6 +74,9 @@ DESCRIPTIONS: dict[str, str] = {
     "`data.truncation` or filtered (`data.filter_overlong_prompts`). Also the rollout's `prompt_length`.",
     "data.max_response_length": "Responses are generated up to this many tokens (the rollout's `response_length`).",
     "data.train_batch_size": "Prompts per training step (each generates `actor_rollout_ref.rollout.n` responses).",
+    "data.gen_batch_size": "Prompts per generation batch (the dataloader's batch size). With "
+    "`algorithm.filter_groups.enable` batches are generated until `train_batch_size` prompts with a non-constant "
+    "metric are kept; otherwise it must equal `train_batch_size`.",
     "data.val_batch_size": "Prompts per validation batch; null: the whole validation set in one batch.",
     "data.tool_config_path": "Tool config of multi-turn rollouts (follows "
     "`actor_rollout_ref.rollout.multi_turn.tool_config_path`).",

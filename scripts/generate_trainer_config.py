@@ -88,6 +88,7 @@ def build() -> dict[str, Any]:
             "max_prompt_length": 512,
             "max_response_length": 512,
             "train_batch_size": 1024,
+            "gen_batch_size": "${data.train_batch_size}",
             "val_batch_size": None,
             "tool_config_path": "${oc.select:actor_rollout_ref.rollout.multi_turn.tool_config_path,null}",
             "return_raw_input_ids": False,

@@ -180,6 +180,26 @@ def test_remax_baseline_pf_ppo_and_a_custom_chat_template(tmp_path):
     assert len(rows) == 64 and any(c % 4 for c in counts.values())
 
 
+def test_dapo_dynamic_sampling_trains_on_informative_groups_only(tmp_path):
+    code, output, records = run_main(
+        tmp_path,
+        "trainer.total_training_steps=2",
+        "algorithm.filter_groups={enable: true, metric: seq_reward, max_num_gen_batches: 8}",
+        "actor_rollout_ref.actor.clip_ratio_high=0.28",
+        f"trainer.rollout_data_dir={tmp_path / 'rollouts'}",
+    )
+    assert code == 0, output[-3000:]
+    steps = [r["data"] for r in records if r["data"]]
+    assert len(steps) == 2 and all(1 <= s["train/num_gen_batches"] <= 8 for s in steps)
+    for step in (1, 2):
+        rows = read_jsonl(tmp_path / "rollouts" / f"{step}.jsonl")
+        assert len(rows) == 16 * 4  # a full training batch, whatever the number of generation batches
+        by_prompt: dict[str, list[float]] = {}
+        for r in rows:
+            by_prompt.setdefault(r["input"], []).append(r["score"])
+        assert all(len(set(scores)) > 1 for scores in by_prompt.values())  # no group with one score survived
+
+
 def test_rollout_correction_bypass_mode_and_the_optimal_token_baseline(tmp_path):
     # a bf16 rollout against the fp32 trainer: a real mismatch for the IS weights and the rejection to act on; the
     # optimal-token baseline reads the old-log-prob pass's Σπ² and the IS weights

@@ -79,7 +79,11 @@ def test_a_valid_config_passes():
         ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "sequence parallelism is not implemented"),
         ("actor_rollout_ref.rollout.multi_turn.enable=true", "multi-turn / tool rollouts are not implemented"),
         ("algorithm.kl_ctrl.type=pid", "kl_ctrl"),
-        ("algorithm.filter_groups={enable: true, metric: acc}", "dynamic sampling (DAPO's filter_groups)"),
+        ("data.gen_batch_size=16", "only dynamic sampling (algorithm.filter_groups.enable=true) generates more"),
+        (
+            "algorithm={use_kl_in_reward: true, filter_groups: {enable: true, metric: seq_final_reward}}",
+            "the groups are filtered before the KL penalty exists",
+        ),
         ("algorithm.rollout_correction.rollout_is=both", "rollout_is='both'; use null, 'token' or 'sequence'"),
         ("algorithm.adv_estimator=optimal_token_baseline", "set actor_rollout_ref.actor.calculate_sum_pi_squared=true"),
         ("critic.model.lora_rank=8", "critic.model.lora_rank=8: LoRA training is not supported yet"),

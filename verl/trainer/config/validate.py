@@ -46,7 +46,6 @@ UNIMPLEMENTED: list[tuple[str, Any, str, str]] = [
     ("transfer_queue.enable", False, "error", "the transfer queue is not implemented"),
     ("critic.model.lora_rank", 0, "error", "LoRA training is not supported yet"),
     ("actor_rollout_ref.ref.ulysses_sequence_parallel_size", 1, "error", "sequence parallelism is not implemented"),
-    ("algorithm.filter_groups.enable", False, "error", "dynamic sampling (DAPO's filter_groups) is not here yet"),
     ("actor_rollout_ref.actor.optim.clip_grad", 1.0, "warn", "the actor clips with actor_rollout_ref.actor.grad_clip"),
     ("critic.optim.clip_grad", 1.0, "warn", "the critic clips with critic.grad_clip"),
     ("trainer.del_local_ckpt_after_load", False, "warn", "checkpoints are kept after loading (no remote copy)"),
@@ -235,6 +234,19 @@ def _estimator(config: Any, problems: list[str]) -> None:
         problems.append(
             f"algorithm.adv_estimator={estimator!r} needs Σπ² per token from the old-log-prob pass: set "
             "actor_rollout_ref.actor.calculate_sum_pi_squared=true"
+        )
+    filter_groups = config.algorithm.get("filter_groups") or {}
+    data = config.data
+    if filter_groups.get("enable", False):
+        if filter_groups.get("metric") == "seq_final_reward" and config.algorithm.use_kl_in_reward:
+            problems.append(
+                "algorithm.filter_groups.metric='seq_final_reward' with algorithm.use_kl_in_reward: the groups are "
+                "filtered before the KL penalty exists; use 'seq_reward' or a reward metric such as 'acc'"
+            )
+    elif data.get("gen_batch_size", data.train_batch_size) != data.train_batch_size:
+        problems.append(
+            f"data.gen_batch_size={data.gen_batch_size} differs from data.train_batch_size={data.train_batch_size}: "
+            "only dynamic sampling (algorithm.filter_groups.enable=true) generates more prompts than it trains on"
         )
     if estimator in SUM_PI_SQUARED_ESTIMATORS and config.algorithm.rollout_correction.bypass_mode:
         problems.append(f"algorithm.adv_estimator={estimator!r} needs the old-log-prob pass, which bypass_mode skips")

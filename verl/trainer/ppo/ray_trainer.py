@@ -22,6 +22,7 @@ from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup, create_colocated_worker_cls
 from verl.single_controller.ray.base import WorkerDiedError
 from verl.trainer.ppo.core_algos import compute_pf_ppo_reweight_data, get_kl_controller
+from verl.trainer.ppo.dynamic_sampling import StepState, accumulate_groups
 from verl.trainer.ppo.metric_utils import (
     compute_data_metrics,
     compute_throughout_metrics,
@@ -105,6 +106,7 @@ class RayPPOTrainer:
         correction = algo.get("rollout_correction") or {}
         self.bypass_mode = bool(correction.get("bypass_mode", False))
         self.rollout_correction = bool(correction.get("rollout_is") or correction.get("rollout_rs"))
+        self.filter_groups = bool((algo.get("filter_groups") or {}).get("enable", False))
         self.train_dataset, self.val_dataset = train_dataset, val_dataset
         trainer = self.config.trainer
         self.generations_logger = ValidationGenerationsLogger(trainer.project_name, trainer.experiment_name)
@@ -374,15 +376,32 @@ class RayPPOTrainer:
         )
         self.global_steps += 1
         workers = self.resource_pool_manager.get_n_gpus()
+        step: StepState | None = None
         try:
             for epoch in range(start_epoch, trainer.total_epochs):
                 for batch_dict in self.train_dataloader:
-                    metrics = self.train_step(DataProto.from_single_dict(batch_dict), epoch, workers)
+                    step = step or self._begin_step(epoch)
+                    batch = self._rollout(DataProto.from_single_dict(batch_dict), epoch, step)
+                    if self.filter_groups:  # DAPO dynamic sampling: generate until enough informative groups
+                        batch = accumulate_groups(batch, step, self.config)
+                        if batch is None:
+                            continue
+                    metrics = self._finish_step(batch, epoch, workers, step)
+                    step = None
                     tracker.log(metrics, step=self.global_steps)
                     progress.update(1)
                     if self.global_steps >= self.total_training_steps:
                         return
                     self.global_steps += 1
+            if step is not None:
+                logger.warning(
+                    "the data ran out during step %d after %d generation batches (%d of %d prompts kept): the step "
+                    "was not trained",
+                    self.global_steps,
+                    step.gen_batches,
+                    step.kept_prompts,
+                    self.config.data.train_batch_size,
+                )
         finally:
             progress.close()
             tracker.finish()
@@ -397,26 +416,44 @@ class RayPPOTrainer:
             raise WorkerDiedError(f"in stage {name!r} of step {self.global_steps}: {e}") from e
 
     def train_step(self, batch: DataProto, epoch: int, workers: int) -> dict[str, Any]:
-        """One step of the dataflow; returns its metrics."""
+        """One step of the dataflow on one generation batch (no dynamic sampling); returns its metrics."""
+        step = self._begin_step(epoch)
+        return self._finish_step(self._rollout(batch, epoch, step), epoch, workers, step)
+
+    def _begin_step(self, epoch: int) -> StepState:
+        """Start the step's clock: ``timing_s/step`` spans every generation batch of the step."""
+        step = StepState(metrics={"training/global_step": self.global_steps, "training/epoch": epoch})
+        step.timer = marked_timer("step", step.timing)
+        step.timer.start()
+        return step
+
+    def _rollout(self, batch: DataProto, epoch: int, step: StepState) -> DataProto:
+        """Generate ``rollout.n`` responses per prompt (and ReMax's greedy baseline) and score them."""
+        timing, metrics = step.timing, step.metrics
+        self._step_uids(batch, epoch)
+        batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
+        prompts = batch
+        with self._stage("gen", timing):
+            batch = self._generate(prompts)
+        metrics.update(batch.meta_info.pop("generation_metrics"))
+        if self.config.algorithm.adv_estimator == "remax":
+            with self._stage("gen_max", timing):
+                self._compute_reward_baselines(prompts, batch)
+        with self._stage("reward", timing):
+            metrics.update(self._compute_reward(batch))
+        return batch
+
+    def _finish_step(self, batch: DataProto, epoch: int, workers: int, step: StepState) -> dict[str, Any]:
+        """Everything after the rollout: log-probs, values, advantages, updates, weight sync, validation and
+        checkpoint; returns the step's metrics."""
         trainer = self.config.trainer
-        timing: dict[str, float] = {}
-        metrics: dict[str, Any] = {"training/global_step": self.global_steps, "training/epoch": epoch}
+        timing, metrics = step.timing, step.metrics
         last = self.global_steps >= self.total_training_steps
-        with marked_timer("step", timing):
-            self._step_uids(batch, epoch)
-            batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
-            prompts = batch
-            with self._stage("gen", timing):
-                batch = self._generate(prompts)
-            metrics.update(batch.meta_info.pop("generation_metrics"))
-            if self.config.algorithm.adv_estimator == "remax":
-                with self._stage("gen_max", timing):
-                    self._compute_reward_baselines(prompts, batch)
+        with contextlib.ExitStack() as stack:
+            stack.callback(step.timer.stop)
             if trainer.balance_batch:
                 _, balance_metrics = balance_batch(batch, workers)
                 metrics.update(balance_metrics)
-            with self._stage("reward", timing):
-                metrics.update(self._compute_reward(batch))
             if self.bypass_mode:  # the rollout's log-probs are the old ones: no forward pass
                 apply_bypass_mode(batch)
             else:
