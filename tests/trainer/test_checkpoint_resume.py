@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.test_main_ppo import quickstart, read_jsonl, run_main
+from tests.trainer.test_main_ppo import main_command, quickstart, read_jsonl, run_main
 
 # 48 prompts of 16: 3 steps per epoch, so 4 steps cross an epoch boundary; 2 worker processes.
 COMMON = (
@@ -76,19 +76,8 @@ def _worker_pids() -> list[int]:
 
 def test_a_killed_worker_stops_the_run_and_the_resumed_run_matches(tmp_path, straight):
     straight_dir, reference = straight
-    log = tmp_path / "killed.jsonl"
+    args, env, log = main_command(tmp_path, *COMMON, name="killed")
     ckpt = tmp_path / "ckpt"
-    env = dict(os.environ, VERL_FILE_LOGGER_PATH=str(log), VERL_CACHE_DIR=str(tmp_path.parent / "verl_cache"))
-    env.update(RAY_AUTH_MODE="disabled", HYDRA_FULL_ERROR="1")
-    args = [
-        sys.executable,
-        "-m",
-        "verl.trainer.main_ppo",
-        "trainer.logger=[console,file]",
-        f"hydra.run.dir={tmp_path / 'hydra'}",
-        f"trainer.default_local_dir={ckpt}",
-        *COMMON,
-    ]
     proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     tracker = ckpt / "latest_checkpointed_iteration.txt"
     deadline = time.monotonic() + 300

@@ -15,8 +15,8 @@ import pytest
 TIMEOUT_S = 600
 
 
-def run_main(tmp_path: Path, *overrides: str, name: str = "run", env: dict | None = None) -> tuple[int, str, list]:
-    """Run the CLI with the file logger into ``tmp_path``; returns (exit code, output, the jsonl records)."""
+def main_command(tmp_path: Path, *overrides: str, name: str = "run", env: dict | None = None):
+    """``(argv, environment, jsonl path)`` of a CLI run with the file logger into ``tmp_path``."""
     log = tmp_path / f"{name}.jsonl"
     environ = dict(os.environ)
     environ.update(
@@ -35,6 +35,12 @@ def run_main(tmp_path: Path, *overrides: str, name: str = "run", env: dict | Non
         f"trainer.default_local_dir={tmp_path / 'ckpt'}",
         *overrides,
     ]
+    return args, environ, log
+
+
+def run_main(tmp_path: Path, *overrides: str, name: str = "run", env: dict | None = None) -> tuple[int, str, list]:
+    """Run the CLI with the file logger into ``tmp_path``; returns (exit code, output, the jsonl records)."""
+    args, environ, log = main_command(tmp_path, *overrides, name=name, env=env)
     proc = subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT_S, env=environ, cwd=tmp_path)
     records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     return proc.returncode, proc.stdout + proc.stderr, records
