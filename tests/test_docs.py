@@ -119,7 +119,7 @@ def test_not_read_keys_are_still_unused(reference):
     code = reference.code_outside_config()
     used = [entry for entry in reference.NOT_READ if reference.referenced(entry.split(".")[-1], code)]
     assert not used, (
-        f"these keys are marked 'not read' in scripts/generate_config_reference.py but their names now appear in "
+        f"these keys are marked 'not read' in scripts/config_reference_tables.py but their names now appear in "
         f"verl/: {used}; check whether they are read, update NOT_READ and regenerate the reference"
     )
 
