@@ -229,9 +229,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RunFileError as err:
         parser.error(str(err))
     except ImportError as err:
-        print(f"error: {err}", file=sys.stderr)
+        sys.stderr.write(f"error: {err}\n")
         return 1
-    print(output)
+    sys.stdout.write(f"{output}\n")  # the CLI's result: the image's path
     return 0
 
 
