@@ -87,6 +87,17 @@ def test_a_save_killed_mid_write_leaves_the_previous_checkpoint(tmp_path):
     assert find_latest_ckpt_path(str(tmp_path)) == str(tmp_path / "global_step_2")
 
 
+def test_an_interrupted_resave_of_the_same_step_keeps_the_old_one(tmp_path):
+    write_step(tmp_path, 5)
+    # a crash between the two renames of a re-save: the old folder moved aside, the new one not yet in place
+    os.replace(tmp_path / "global_step_5", tmp_path / ".old_global_step_5")
+    assert find_latest_ckpt_path(str(tmp_path)) == str(tmp_path / "global_step_5")  # moved back
+    check_step_folder(str(tmp_path / "global_step_5"), ["actor", "critic"])
+    os.replace(tmp_path / "global_step_5", tmp_path / ".old_global_step_5")
+    write_step(tmp_path, 6)  # the next save restores it too, instead of deleting it as a leftover
+    assert [step for step, _ in list_step_folders(str(tmp_path))] == [5, 6]
+
+
 def test_rotation_keeps_the_newest_per_role(tmp_path):
     for step in range(1, 6):
         write_step(tmp_path, step)

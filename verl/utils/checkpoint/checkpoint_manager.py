@@ -64,6 +64,19 @@ def step_of(folder: str) -> int:
     return int(match.group(1))
 
 
+def _recover_swap(root: str) -> None:
+    """Undo half of an interrupted re-save of an existing step: an ``.old_global_step_<N>`` whose
+    ``global_step_<N>`` is missing goes back into place (the new one never got published)."""
+    if not os.path.isdir(root):
+        return
+    for name in os.listdir(root):
+        if name.startswith(OLD_PREFIX + CHECKPOINT_PREFIX):
+            final = os.path.join(root, name[len(OLD_PREFIX) :])
+            if not os.path.exists(final):
+                logger.warning("restoring %s: a save of the same step was interrupted", final)
+                os.replace(os.path.join(root, name), final)
+
+
 def find_latest_ckpt_path(root: str) -> str | None:
     """The folder the tracker file names, or None when there is no tracker (nothing saved yet).
 
@@ -73,6 +86,7 @@ def find_latest_ckpt_path(root: str) -> str | None:
     tracker = get_checkpoint_tracker_filename(root)
     if not os.path.isfile(tracker):
         return None
+    _recover_swap(root)
     with open(tracker, encoding="utf-8") as f:
         text = f.read().strip()
     if not text.isdigit():
@@ -99,6 +113,7 @@ def begin_save(root: str, step: int) -> str:
     """A fresh temporary folder for the checkpoint of ``step`` (stale temporary folders of earlier crashes are
     removed first)."""
     os.makedirs(root, exist_ok=True)
+    _recover_swap(root)
     for name in os.listdir(root):
         if name.startswith((TMP_PREFIX, OLD_PREFIX)):
             logger.warning("removing %s, left by an interrupted save", os.path.join(root, name))
