@@ -292,7 +292,11 @@ class FSDPEngine:
         with self.on_device():
             reshard_all(self.module)
             checkpoint.save_sharded(path, self.module, self.optimizer, extra)
-        full_state = self.get_full_state_dict() if hf_weights else None  # a collective: every rank gathers
+        full_state: dict[str, torch.Tensor] | None = {} if hf_weights else None
+        if full_state is not None:  # a collective: every rank takes part, only rank 0 keeps the full tensors
+            for name, tensor in self.iter_full_state_dict():
+                if self.rank == 0:
+                    full_state[name] = tensor.to("cpu")
         if self.rank == 0:
             folder = os.path.join(path, HF_FOLDER)
             save_hf_folder(folder, self.model_config, tokenizer_path, full_state, is_value_model=self.is_value_model)
