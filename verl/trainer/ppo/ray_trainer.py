@@ -1,8 +1,9 @@
 """`RayPPOTrainer`: the single-controller PPO/GRPO loop over worker groups (the ``sync`` trainer mode).
 
-``fit()`` reads as the dataflow of one step; each stage is a short method timed under veRL's timer name
-(``timing_s/<name>``): gen → reward → old_log_prob → ref → values → adv → update_critic → update_actor →
-update_weights → testing → save_checkpoint, all inside ``step``.
+``fit()`` runs one step per training batch: a rollout (``_rollout``: gen → gen_max → reward; several with DAPO's
+dynamic sampling) and an update (``_finish_step``: old_log_prob → ref → values → adv → update_critic →
+update_actor → update_weights → testing → save_checkpoint). Each stage is a short method timed under veRL's timer
+name (``timing_s/<name>``), all inside ``step``.
 """
 
 from __future__ import annotations
@@ -414,11 +415,6 @@ class RayPPOTrainer:
                 yield
         except WorkerDiedError as e:
             raise WorkerDiedError(f"in stage {name!r} of step {self.global_steps}: {e}") from e
-
-    def train_step(self, batch: DataProto, epoch: int, workers: int) -> dict[str, Any]:
-        """One step of the dataflow on one generation batch (no dynamic sampling); returns its metrics."""
-        step = self._begin_step(epoch)
-        return self._finish_step(self._rollout(batch, epoch, step), epoch, workers, step)
 
     def _begin_step(self, epoch: int) -> StepState:
         """Start the step's clock: ``timing_s/step`` spans every generation batch of the step."""
