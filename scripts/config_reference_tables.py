@@ -184,8 +184,8 @@ DIFFERENCES: dict[str, str] = {
     "trainer.default_hdfs_dir": "copying checkpoints to HDFS is not supported: a non-null value is an error.",
     "trainer.max_actor_ckpt_to_keep": "the step folder the tracker names is never removed.",
     "trainer.resume_mode": "also resumes the driver's random states, the KL coefficient and the epoch.",
-    "trainer.device": "the workers use CUDA whenever the cluster has GPUs: `cpu` does not force CPU execution on a "
-    "GPU machine in this version.",
+    "trainer.device": "`cpu` places the workers on CPU-only bundles with `CUDA_VISIBLE_DEVICES` empty, so they "
+    "run on CPU with gloo even on a GPU cluster (not yet run on one); `auto` uses the GPUs when the cluster has them.",
     "trainer.n_gpus_per_node": "on a machine without GPUs it counts CPU worker processes.",
     "trainer.logger": "the default names `wandb`: on a machine without the `trackers` extra, pass "
     "`trainer.logger='[console]'`.",

@@ -46,7 +46,16 @@ class ScaleWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def env(self) -> dict:
-        keys = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "WG_BACKEND")
+        keys = (
+            "WORLD_SIZE",
+            "RANK",
+            "LOCAL_RANK",
+            "LOCAL_WORLD_SIZE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "WG_BACKEND",
+            "CUDA_VISIBLE_DEVICES",
+        )
         return {k: os.environ.get(k) for k in keys} | {"backend": dist.get_backend(), "pid": os.getpid()}
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -158,6 +167,8 @@ def test_workers_get_rendezvous_env_and_gloo(scale_group):
     assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs}) == 1
     assert {e["backend"] for e in envs} == {"gloo"} and {e["WG_BACKEND"] for e in envs} == {"ray"}
     assert envs[0]["pid"] != envs[1]["pid"]
+    # workers on CPU bundles see no GPU, even on a node that has some (trainer.device=cpu on a GPU cluster)
+    assert {e["CUDA_VISIBLE_DEVICES"] for e in envs} == {""}
 
 
 def test_dp_compute_proto_chunks_allreduces_and_concats(scale_group):

@@ -119,7 +119,7 @@ class TaskRunner:
         }
         spec = {"global_pool": [config.trainer.n_gpus_per_node] * config.trainer.nnodes}
         mapping = {role: "global_pool" for role in role_worker_mapping}
-        manager = ResourcePoolManager(spec, mapping)
+        manager = ResourcePoolManager(spec, mapping, use_gpu=config.trainer.get("device", "auto") != "cpu")
         reward_fn = load_reward_manager(config, tokenizer, num_examine=0)
         val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1)
         train_dataset = create_rl_dataset(config.data.train_files, config.data, tokenizer)

@@ -173,6 +173,8 @@ class RayClassWithInitArgs(ClassWithInitArgs):
         options.update(self._options)
         runtime_env = dict(options.get("runtime_env") or {})
         runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **(env_vars or {})}
+        if not use_gpu:  # a CPU worker must not pick up a GPU of its node (trainer.device=cpu on a GPU cluster)
+            runtime_env["env_vars"].setdefault("CUDA_VISIBLE_DEVICES", "")
         options["runtime_env"] = runtime_env
         if name:
             options["name"] = name

@@ -51,19 +51,25 @@ class ResourcePoolManager:
     """Named resource pools (``{"global_pool": [procs per node, ...]}``) and which role runs in which pool."""
 
     def __init__(
-        self, resource_pool_spec: dict[str, list[int]], mapping: dict[Role, str], max_colocate_count: int = 1
+        self,
+        resource_pool_spec: dict[str, list[int]],
+        mapping: dict[Role, str],
+        max_colocate_count: int = 1,
+        use_gpu: bool = True,
     ) -> None:
         self.resource_pool_spec = resource_pool_spec
         self.mapping = mapping
         self.max_colocate_count = max_colocate_count
+        self.use_gpu = use_gpu
         self.resource_pool_dict: dict[str, RayResourcePool] = {}
 
     def create_resource_pool(self) -> None:
-        """One `RayResourcePool` per spec entry (GPU bundles when the cluster has GPUs, CPU bundles otherwise)."""
+        """One `RayResourcePool` per spec entry (GPU bundles when ``use_gpu`` and the cluster has GPUs, CPU bundles
+        otherwise: ``trainer.device=cpu`` keeps the workers off the GPUs)."""
         for name, process_on_nodes in self.resource_pool_spec.items():
             self.resource_pool_dict[name] = RayResourcePool(
                 process_on_nodes=process_on_nodes,
-                use_gpu=True,
+                use_gpu=self.use_gpu,
                 max_colocate_count=self.max_colocate_count,
                 name_prefix=name,
             )
