@@ -199,6 +199,7 @@ DIFFERENCES: dict[str, str] = {
     "critic.strategy": "`fsdp` and `fsdp2` both select the FSDP2 engine; `megatron` is not available.",
     "actor_rollout_ref.actor.ppo_micro_batch_size": "setting it is an error here; use `ppo_micro_batch_size_per_gpu`.",
     "critic.ppo_micro_batch_size": "setting it is an error here; use `ppo_micro_batch_size_per_gpu`.",
+    "critic.forward_micro_batch_size": "setting it is an error here; use `forward_micro_batch_size_per_gpu`.",
     "actor_rollout_ref.ref.log_prob_micro_batch_size": "setting it is an error here; use "
     "`log_prob_micro_batch_size_per_gpu`.",
     "actor_rollout_ref.model.lora_rank": "a value > 0 is an error: LoRA training is not supported yet.",
@@ -286,7 +287,6 @@ NOT_READ: tuple[str, ...] = (
     "critic.model.fsdp_config.entropy_checkpointing",
     "critic.model.lora_alpha",
     "critic.model.target_modules",
-    "critic.forward_micro_batch_size",
     "critic.checkpoint.load_contents",
     "critic.checkpoint.async_save",
     "critic.profiler",

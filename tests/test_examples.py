@@ -227,7 +227,7 @@ def test_default_command_line_is_a_valid_gpu_config(example: Example, tmp_path):
     keys = [o.split("=", 1)[0] for o in overrides]
     assert len(keys) == len(set(keys)), "a key is set twice"
     config = compose(overrides)
-    validate_config(config)
+    validate_config(config, check_environment=False)  # a GPU machine's config: its vllm need not be installed here
     for key, value in example.config.items():
         assert OmegaConf.select(config, key) == value, key
     assert config.actor_rollout_ref.rollout.name == "vllm"

@@ -88,6 +88,8 @@ def test_a_valid_config_passes():
         ("algorithm.adv_estimator=optimal_token_baseline", "set actor_rollout_ref.actor.calculate_sum_pi_squared=true"),
         ("critic.model.lora_rank=8", "critic.model.lora_rank=8: LoRA training is not supported yet"),
         ("actor_rollout_ref.ref.ulysses_sequence_parallel_size=2", "sequence parallelism is not implemented"),
+        ("actor_rollout_ref.rollout.name=sglang", "actor_rollout_ref.rollout.name='sglang': it needs the 'sglang'"),
+        ("critic.forward_micro_batch_size=4", "critic.forward_micro_batch_size (global) is deprecated"),
         ("trainer.resume_mode=sometimes", "trainer.resume_mode='sometimes'; use auto, disable or resume_path"),
         ("trainer.resume_mode=resume_path", "needs trainer.resume_from_path to be a global_step_<N> folder"),
         ("trainer.max_actor_ckpt_to_keep=0", "max_actor_ckpt_to_keep=0 must be null (keep all) or a positive"),

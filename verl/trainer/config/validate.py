@@ -227,6 +227,15 @@ def _unimplemented(config: Any, problems: list[str]) -> None:
             logger.warning("%s=%r has no effect here: %s", key, value, why)
 
 
+def _rollout_engine(config: Any, problems: list[str]) -> None:
+    from verl.workers.rollout.base import rollout_unavailable_reason
+
+    name = config.actor_rollout_ref.rollout.name
+    reason = rollout_unavailable_reason(name) if isinstance(name, str) else None
+    if reason:
+        problems.append(f"actor_rollout_ref.rollout.name={name!r}: {reason}; or use rollout.name=hf")
+
+
 def _estimator(config: Any, problems: list[str]) -> None:
     estimator = config.algorithm.adv_estimator
     actor = config.actor_rollout_ref.actor
@@ -252,8 +261,10 @@ def _estimator(config: Any, problems: list[str]) -> None:
         problems.append(f"algorithm.adv_estimator={estimator!r} needs the old-log-prob pass, which bypass_mode skips")
 
 
-def validate_config(config: DictConfig) -> None:
-    """Raise `ConfigError` listing every problem of ``config`` (a composed trainer config)."""
+def validate_config(config: DictConfig, check_environment: bool = True) -> None:
+    """Raise `ConfigError` listing every problem of ``config`` (a composed trainer config). ``check_environment``:
+    also check that this environment can run it (the rollout engine's package is installed); off to check a config
+    meant for another machine."""
     problems: list[str] = []
     _walk(config, base_config(), "", problems)
     if problems:  # unknown keys / wrong types: the rest would only repeat them
@@ -287,6 +298,8 @@ def validate_config(config: DictConfig) -> None:
     _trainer(cfg, problems)
     _unimplemented(cfg, problems)
     _estimator(cfg, problems)
+    if check_environment:
+        _rollout_engine(cfg, problems)
     if problems:
         raise ConfigError(problems)
 

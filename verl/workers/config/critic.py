@@ -116,11 +116,11 @@ class CriticConfig(BaseConfig):
     def __post_init__(self) -> None:
         if self.strategy not in ("fsdp", "fsdp2"):
             raise ValueError(f"critic.strategy={self.strategy!r}; use fsdp or fsdp2 (megatron is not available)")
-        if self.ppo_micro_batch_size is not None:
-            raise ValueError(
-                "critic.ppo_micro_batch_size (global) is deprecated and not supported: set "
-                "critic.ppo_micro_batch_size_per_gpu instead"
-            )
+        for name in ("ppo_micro_batch_size", "forward_micro_batch_size"):
+            if getattr(self, name) is not None:
+                raise ValueError(
+                    f"critic.{name} (global) is deprecated and not supported: set critic.{name}_per_gpu instead"
+                )
         if not self.cliprange_value > 0:
             raise ValueError(f"critic.cliprange_value={self.cliprange_value!r} must be > 0")
         self.ppo_mini_batch_size_per_rank = per_rank_mini_batch_size(

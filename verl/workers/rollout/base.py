@@ -131,6 +131,19 @@ def registered_rollouts() -> list[str]:
     return sorted(set(_BUILTIN_ROLLOUTS) | set(_ROLLOUT_REGISTRY))
 
 
+def rollout_unavailable_reason(name: str) -> str | None:
+    """Why the built-in engine ``name`` cannot run in this environment (its package or module is missing), or None
+    when it can, or when ``name`` is registered by user code. Imports nothing heavy."""
+    if name in _ROLLOUT_REGISTRY or name not in _BUILTIN_ROLLOUTS:
+        return None
+    module, package, install = _BUILTIN_ROLLOUTS[name]
+    if package is not None and importlib.util.find_spec(package) is None:
+        return f"it needs the {package!r} package, which is not installed: {install}"
+    if importlib.util.find_spec(module) is None:
+        return f"its module {module} is not part of this verl build yet"
+    return None
+
+
 def get_rollout_class(name: str) -> type[BaseRollout]:
     """The engine class registered as ``name``, importing a built-in engine on first use.
 
