@@ -14,6 +14,7 @@ from verl.base_config import BaseConfig
 __all__ = [
     "KL_PENALTY_TYPES",
     "LOSS_AGG_MODES",
+    "SUM_PI_SQUARED_ESTIMATORS",
     "SUPPORTED_ROLLOUT_RS_OPTIONS",
     "AlgoConfig",
     "FilterGroupsConfig",
@@ -49,6 +50,9 @@ SUPPORTED_ROLLOUT_RS_OPTIONS = (
     "seq_max_k2",
     "seq_max_k3",
 )
+
+# Advantage estimators that read the actor's Σπ² per token (``actor.calculate_sum_pi_squared``) and old log-probs.
+SUM_PI_SQUARED_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")
 
 
 def validate_kl_penalty_type(key: str, value: object) -> None:

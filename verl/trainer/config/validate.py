@@ -18,7 +18,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from verl.base_config import omega_conf_to_dataclass
-from verl.trainer.config.algorithm import AlgoConfig
+from verl.trainer.config.algorithm import SUM_PI_SQUARED_ESTIMATORS, AlgoConfig
 from verl.workers.config import ActorConfig, CriticConfig, HFModelConfig, RefConfig, RolloutConfig
 
 __all__ = ["ConfigError", "base_config", "need_critic", "need_reference_policy", "validate_config", "world_size"]
@@ -50,8 +50,6 @@ UNIMPLEMENTED: list[tuple[str, Any, str, str]] = [
     ("critic.optim.clip_grad", 1.0, "warn", "the critic clips with critic.grad_clip"),
     ("trainer.del_local_ckpt_after_load", False, "warn", "checkpoints are kept after loading (no remote copy)"),
 ]
-# Estimators that need the actor's Σπ² from the old-log-prob pass.
-SUM_PI_SQUARED_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")
 
 
 class ConfigError(ValueError):

@@ -10,6 +10,7 @@ import torch
 
 from verl.protocol import DataProto
 from verl.single_controller.ray import RayResourcePool
+from verl.trainer.config.algorithm import SUM_PI_SQUARED_ESTIMATORS
 from verl.trainer.config.validate import need_critic, need_reference_policy
 from verl.trainer.ppo.core_algos import AdvantageEstimator, get_adv_estimator_fn, kl_penalty
 from verl.utils.torch_functional import masked_mean
@@ -97,9 +98,6 @@ def apply_kl_penalty(data: DataProto, kl_ctrl: Any, kl_penalty_type: str = "kl")
     return data, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
 
 
-OTB_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")
-
-
 def compute_advantage(
     data: DataProto,
     adv_estimator: str,
@@ -123,7 +121,7 @@ def compute_advantage(
         kwargs: dict[str, Any] = {}
         # the inputs only some estimators take (ReMax's baseline; the optimal-token baselines' policy statistics)
         for key in ("reward_baselines", "old_log_probs", "sum_pi_squared", "rollout_is_weights"):
-            if key in b.keys() and (key == "reward_baselines" or adv_estimator in OTB_ESTIMATORS):
+            if key in b.keys() and (key == "reward_baselines" or adv_estimator in SUM_PI_SQUARED_ESTIMATORS):
                 kwargs[key] = b[key]
         advantages, returns = get_adv_estimator_fn(adv_estimator)(
             token_level_rewards=b["token_level_rewards"],
