@@ -25,6 +25,7 @@ from verl.model_merger.hf_export import (
     save_hf_model,
 )
 from verl.workers.engine.checkpoint import METADATA_FILE, check_checkpoint_files
+from verl.workers.engine.hf_model import torch_dtype
 
 __all__ = [
     "HF_CONFIG_FOLDER",
@@ -44,15 +45,8 @@ HF_CONFIG_FOLDER = "huggingface"
 
 
 def _torch_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype
-    name = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}.get(
-        dtype, dtype
-    )
-    value = getattr(torch, name, None)
-    if not isinstance(value, torch.dtype) or not value.is_floating_point:
-        raise ValueError(f"dtype={dtype!r} is not a floating-point torch dtype (e.g. float32, bfloat16, float16)")
-    return value
+    """``dtype`` as a torch dtype: the names ``fsdp_config.dtype`` accepts (float32/fp32, bfloat16/bf16, ...)."""
+    return dtype if dtype is None or isinstance(dtype, torch.dtype) else torch_dtype(dtype)
 
 
 def load_fsdp_model_state_dict(local_dir: str, dtype: torch.dtype | str | None = None) -> dict[str, torch.Tensor]:
