@@ -182,13 +182,13 @@ def save_state_file(obj: Any, file: str) -> None:
     os.replace(file + ".tmp", file)
 
 
-def load_state_file(file: str) -> Any:
-    """``torch.load`` of a driver-state file, with errors that name it."""
+def load_state_file(file: str, weights_only: bool = False) -> Any:
+    """``torch.load`` of a checkpoint's state file onto the CPU, with errors that name it. ``weights_only=False``
+    (the default) for the files that hold random states and dataloader state: numpy arrays and tuples too."""
     if not os.path.isfile(file):
         raise FileNotFoundError(f"checkpoint file {file} is missing (an incomplete or foreign checkpoint?)")
     try:
-        # the driver's own files (dataloader state, random states): numpy arrays and tuples, not only tensors
-        return torch.load(file, map_location="cpu", weights_only=False)
+        return torch.load(file, map_location="cpu", weights_only=weights_only)
     except Exception as e:  # unpickling raises many types
         raise ValueError(f"checkpoint file {file} is corrupt: torch.load failed ({type(e).__name__}: {e})") from e
 

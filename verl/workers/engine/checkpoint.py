@@ -26,6 +26,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from verl.utils.checkpoint.checkpoint_manager import load_state_file, save_state_file
 from verl.utils.rng import get_rng_state, set_rng_state
 
 __all__ = [
@@ -60,12 +61,6 @@ def rng_file(path: str, rank: int) -> str:
     return os.path.join(path, f"rng_rank_{rank}.pt")
 
 
-def _save_file(obj: Any, file: str) -> None:
-    tmp = file + ".tmp"
-    torch.save(obj, tmp)
-    os.replace(tmp, file)
-
-
 def save_sharded(
     path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, extra_state: dict[str, Any]
 ) -> None:
@@ -73,9 +68,9 @@ def save_sharded(
     ``extra_state``."""
     os.makedirs(path, exist_ok=True)
     dcp.save(_state(model, optimizer), checkpoint_id=path)
-    _save_file(get_rng_state(), rng_file(path, dist.get_rank()))
+    save_state_file(get_rng_state(), rng_file(path, dist.get_rank()))
     if dist.get_rank() == 0:
-        _save_file({**extra_state, "world_size": dist.get_world_size()}, os.path.join(path, EXTRA_STATE_FILE))
+        save_state_file({**extra_state, "world_size": dist.get_world_size()}, os.path.join(path, EXTRA_STATE_FILE))
     dist.barrier()
     logger.info("saved a sharded checkpoint to %s", path)
 
@@ -109,20 +104,11 @@ def check_checkpoint_files(path: str) -> None:
             )
 
 
-def _load_file(file: str, weights_only: bool = True) -> Any:
-    try:
-        return torch.load(file, map_location="cpu", weights_only=weights_only)
-    except FileNotFoundError as e:
-        raise FileNotFoundError(f"checkpoint file {file} is missing") from e
-    except Exception as e:  # unpickling raises many types
-        raise ValueError(f"checkpoint file {file} is corrupt: torch.load failed ({type(e).__name__})") from e
-
-
 def read_extra_state(path: str) -> dict[str, Any]:
     """Check the checkpoint's files (``check_checkpoint_files`` and every rank's random-state file) and return the
     extra state rank 0 saved."""
     check_checkpoint_files(path)
-    extra = _load_file(os.path.join(path, EXTRA_STATE_FILE))
+    extra = load_state_file(os.path.join(path, EXTRA_STATE_FILE), weights_only=True)
     for rank in range(int(extra.get("world_size", 0))):
         if not os.path.isfile(rng_file(path, rank)):
             raise FileNotFoundError(f"checkpoint file {rng_file(path, rank)} is missing (rank {rank}'s random states)")
@@ -140,8 +126,7 @@ def load_rng_state(path: str, saved_world_size: int) -> bool:
             dist.get_world_size(),
         )
         return False
-    # numpy's state holds a numpy array and python's a tuple: not loadable with weights_only
-    set_rng_state(_load_file(rng_file(path, dist.get_rank()), weights_only=False))
+    set_rng_state(load_state_file(rng_file(path, dist.get_rank())))
     return True
 
 
