@@ -35,6 +35,8 @@ DESCRIPTIONS: dict[str, str] = {
     "data.image_patch_size": "Vision models: patch size used when counting image tokens.",
     "data.validation_shuffle": "Shuffle the validation set.",
     "data.filter_overlong_prompts": "Drop prompts longer than `data.max_prompt_length` when the dataset is built.",
+    "data.filter_malformed_rows": "Drop rows that do not fit the schema (logging how many per file) instead of "
+    "failing at start-up with the file, row and field of each problem.",
     "data.filter_overlong_prompts_workers": "Processes used to filter overlong prompts.",
     "data.truncation": "What to do with a prompt longer than `max_prompt_length`: `error` (fail at start-up, "
     "naming the row), `left`, `right` or `middle`.",
@@ -98,7 +100,11 @@ DESCRIPTIONS: dict[str, str] = {
     "reward_model.overlong_buffer.len": "Length of that buffer, in tokens.",
     "reward_model.overlong_buffer.penalty_factor": "Penalty at the very end of the buffer (linear inside it).",
     "reward_model.overlong_buffer.log": "Add `overlong_reward` and `overlong` to the reward's extra info.",
-    "reward_model.profiler": "Profiler options of the reward-model worker.",
+    "reward_model.reward_kwargs": "Keyword arguments for the reward manager's constructor (those it declares, e.g. "
+    "the `dapo` manager's `max_resp_len`) or, for the built-in managers, for every `compute_score` call; a key "
+    "neither declares is an error at start-up.",
+    "reward_model.profiler": "Per-role profiler options of the reward-model worker; the torch profiler of "
+    "`global_profiler` is used.",
     # reward_manager
     "reward_manager.source": "`register`: `reward_manager.name` names a registered manager; `importlib`: load a "
     "class from `reward_manager.module.path`.",
@@ -111,7 +117,8 @@ DESCRIPTIONS: dict[str, str] = {
     "`data_source` (`verl.utils.reward_score.default_compute_score`).",
     "custom_reward_function.name": "Name of the function: `compute_score(data_source, solution_str, ground_truth, "
     "extra_info=None, **kwargs)` returning a number or a dict with a `score`.",
-    "custom_reward_function.reward_kwargs": "Extra keyword arguments passed to every call of the function.",
+    "custom_reward_function.reward_kwargs": "Extra keyword arguments passed to every call of the function; a key "
+    "the function does not declare is an error at start-up.",
     # trainer
     "trainer.mode": "How generation and training are scheduled: `sync` (generate, then train, in the same "
     "processes), `colocate_async` or `separate_async` (see trainer_modes.md).",
@@ -121,7 +128,7 @@ DESCRIPTIONS: dict[str, str] = {
     "trainer.total_epochs": "Passes over the training data.",
     "trainer.total_training_steps": "Stop after this many steps; null: `total_epochs` × batches per epoch. Also "
     "sets the length of the learning-rate schedules.",
-    "trainer.profile_steps": "Steps to profile.",
+    "trainer.profile_steps": "veRL's older name of `global_profiler.steps`.",
     "trainer.project_name": "Project name for the trackers (and the `file` logger's folder).",
     "trainer.experiment_name": "Run name for the trackers (and the `file` logger's file name).",
     "trainer.logger": "Trackers the metrics go to: a name or a list of `console`, `file`, `tensorboard`, `wandb`, "
@@ -154,10 +161,11 @@ DESCRIPTIONS: dict[str, str] = {
     "trainer.ray_wait_register_center_timeout": "Seconds to wait for the workers' register center to come up.",
     "trainer.use_legacy_worker_impl": "Choose between veRL's legacy and new worker implementations.",
     # global_profiler, transfer_queue, ray_kwargs
-    "global_profiler.tool": "Profiler to use (e.g. `nsys`, `torch`); null: none.",
-    "global_profiler.steps": "Steps to profile.",
+    "global_profiler.tool": "`torch`: run `torch.profiler` in every worker over the steps in "
+    "`global_profiler.steps`; null: no profiling. Other tools (`nsys`, `npu`, `torch_memory`) are a validation error.",
+    "global_profiler.steps": "Steps to profile (a list of step numbers); null: none.",
     "global_profiler.profile_continuous_steps": "Merge consecutive profiled steps into one trace.",
-    "global_profiler.save_path": "Where profiles are written.",
+    "global_profiler.save_path": "Folder the traces are written to (one per role, rank and step).",
     "transfer_queue.enable": "Move batches between roles through veRL's TransferQueue instead of the driver.",
     "ray_kwargs.ray_init.num_cpus": "Logical CPUs `ray.init` starts with; null: enough for the workers the job "
     "places (when verl starts Ray itself).",
@@ -169,6 +177,7 @@ OURS: dict[str, str] = {
     "trainer.mode": "",
     "trainer.device": "",
     "reward_model.timeout_s": "",
+    "data.filter_malformed_rows": "",
     "actor_rollout_ref.rollout.seed": "every sample draws from its own generator seeded by (seed, step, prompt "
     "index, sample index), so the samples do not depend on how the batch is split over workers.",
 }
@@ -191,9 +200,16 @@ DIFFERENCES: dict[str, str] = {
     "`trainer.logger='[console]'`.",
     "actor_rollout_ref.rollout.name": "veRL requires it (usually `vllm`); here it defaults to `hf`, our torch engine, "
     "which runs everywhere. `sglang` is accepted but not part of this build.",
-    "actor_rollout_ref.rollout.mode": "`sync` is accepted too; the in-process engines serve both.",
-    "actor_rollout_ref.rollout.tensor_model_parallel_size": "the `hf` engine ignores it; the in-process `vllm` "
-    "engine needs 1.",
+    "actor_rollout_ref.rollout.mode": "`sync` is accepted too; both take the same generation path (the in-process "
+    "engines). Any other value is a validation error.",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": "the in-process `vllm` engine needs 1: another value with "
+    "`rollout.name=vllm` is a validation error; the `hf` engine ignores it (a value other than 1 warns).",
+    "actor_rollout_ref.model.external_lib": "with the environment checked (the default at start-up), a module that "
+    "cannot be found is a validation error.",
+    "actor_rollout_ref.model.path": "with the environment checked, a local-looking path (absolute, `~`, `./`, `../`) "
+    "that is not a folder is a validation error; a hub id such as `Qwen/Qwen2.5-0.5B` is left to the loader.",
+    "reward_model.model.input_tokenizer": "veRL re-applies the reward model's chat template when it is set (its "
+    "default); here the reward model scores the policy's token ids as they are.",
     "actor_rollout_ref.actor.strategy": "`fsdp` and `fsdp2` both select the FSDP2 engine; `megatron` is not available.",
     "actor_rollout_ref.ref.strategy": "`fsdp` and `fsdp2` both select the FSDP2 engine.",
     "critic.strategy": "`fsdp` and `fsdp2` both select the FSDP2 engine; `megatron` is not available.",
@@ -211,121 +227,4 @@ DIFFERENCES: dict[str, str] = {
     "actor_rollout_ref.actor.policy_loss.rollout_correction": "leave it null: with "
     "`algorithm.rollout_correction.bypass_mode=true` the trainer fills it (and sets `loss_mode=bypass_mode`).",
     "data.datagen.path": "a non-null value fails at start-up: dynamically generated datasets are not supported yet.",
-}
-
-# Accepted for compatibility with veRL command lines, but never read by this version (beyond validation). An entry
-# is a key or a mapping (all keys under it). A test checks that each entry's last name appears nowhere in verl/
-# outside the config modules (see `referenced`), so this list cannot silently go stale when a key gets used.
-# Keys in validate.UNIMPLEMENTED keep that note instead.
-NOT_READ: tuple[str, ...] = (
-    "data.use_shm",
-    "data.tool_config_path",
-    "data.return_raw_input_ids",
-    "data.image_patch_size",
-    "data.validation_shuffle",
-    "data.filter_overlong_prompts_workers",
-    "data.image_key",
-    "data.video_key",
-    "data.return_multi_modal_inputs",
-    "actor_rollout_ref.nccl_timeout",
-    "actor_rollout_ref.model.hf_config_path",
-    "actor_rollout_ref.model.use_shm",
-    "actor_rollout_ref.model.external_lib",
-    "actor_rollout_ref.model.lora_alpha",
-    "actor_rollout_ref.model.target_modules",
-    "actor_rollout_ref.model.exclude_modules",
-    "actor_rollout_ref.model.lora_adapter_path",
-    "actor_rollout_ref.model.fused_kernel_options",
-    "actor_rollout_ref.model.tiled_mlp",
-    "actor_rollout_ref.model.mtp",
-    "actor_rollout_ref.actor.use_fused_kernels",
-    "actor_rollout_ref.actor.use_prefix_grouper",
-    "actor_rollout_ref.actor.freeze_vision_tower",
-    "actor_rollout_ref.actor.checkpoint.load_contents",
-    "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params",
-    "actor_rollout_ref.actor.fsdp_config.use_orig_params",
-    "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size",
-    "actor_rollout_ref.actor.fsdp_config.use_torch_compile",
-    "actor_rollout_ref.actor.fsdp_config.entropy_checkpointing",
-    "actor_rollout_ref.actor.router_replay",
-    "actor_rollout_ref.actor.profiler",
-    "actor_rollout_ref.ref.use_torch_compile",
-    "actor_rollout_ref.ref.fsdp_config.wrap_policy.min_num_params",
-    "actor_rollout_ref.ref.fsdp_config.use_orig_params",
-    "actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size",
-    "actor_rollout_ref.ref.fsdp_config.use_torch_compile",
-    "actor_rollout_ref.ref.fsdp_config.entropy_checkpointing",
-    "actor_rollout_ref.ref.profiler",
-    "actor_rollout_ref.rollout.cudagraph_capture_sizes",
-    "actor_rollout_ref.rollout.expert_parallel_size",
-    "actor_rollout_ref.rollout.pipeline_model_parallel_size",
-    "actor_rollout_ref.rollout.enable_chunked_prefill",
-    "actor_rollout_ref.rollout.scheduling_policy",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size",
-    "actor_rollout_ref.rollout.disable_log_stats",
-    "actor_rollout_ref.rollout.multi_stage_wake_up",
-    "actor_rollout_ref.rollout.over_sample_rate",
-    "actor_rollout_ref.rollout.skip_rollout",
-    "actor_rollout_ref.rollout.skip_dump_dir",
-    "actor_rollout_ref.rollout.enable_rollout_routing_replay",
-    "actor_rollout_ref.rollout.quantization",
-    "actor_rollout_ref.rollout.quantization_config_file",
-    "actor_rollout_ref.rollout.layered_summon",
-    "actor_rollout_ref.rollout.multi_turn",
-    "actor_rollout_ref.rollout.agent",
-    "actor_rollout_ref.rollout.trace",
-    "actor_rollout_ref.rollout.prometheus",
-    "actor_rollout_ref.rollout.profiler",
-    "actor_rollout_ref.rollout.mtp",
-    "critic.model.external_lib",
-    "critic.model.enable_activation_offload",
-    "critic.model.use_shm",
-    "critic.model.fsdp_config.wrap_policy.min_num_params",
-    "critic.model.fsdp_config.use_orig_params",
-    "critic.model.fsdp_config.ulysses_sequence_parallel_size",
-    "critic.model.fsdp_config.use_torch_compile",
-    "critic.model.fsdp_config.entropy_checkpointing",
-    "critic.model.lora_alpha",
-    "critic.model.target_modules",
-    "critic.checkpoint.load_contents",
-    "critic.checkpoint.async_save",
-    "critic.profiler",
-    "reward_model.enable_resource_pool",
-    "reward_model.model.input_tokenizer",
-    "reward_model.model.external_lib",
-    "reward_model.model.use_shm",
-    "reward_model.model.use_fused_kernels",
-    "reward_model.max_length",
-    "reward_model.use_reward_loop",
-    "reward_model.reward_loop_source",
-    "reward_model.reward_loop_module_path",
-    "reward_model.reward_loop_class_name",
-    "reward_model.sandbox_fusion",
-    "reward_model.profiler",
-    "trainer.profile_steps",
-    "trainer.ray_wait_register_center_timeout",
-    "trainer.use_legacy_worker_impl",
-    "global_profiler",
-    "ray_kwargs.timeline_json_file",
-)
-
-# Also never read, but their names are used elsewhere in verl for other things, so no test can check them by name:
-# key or mapping → why (shown after the "not read" note; may be empty).
-NOT_READ_SHARED_NAME: dict[str, str] = {
-    "data.tokenizer": "the policy's tokenizer is used.",
-    "data.trust_remote_code": "",
-    "actor_rollout_ref.model.custom_chat_template": "the tokenizer's own chat template is used.",
-    "actor_rollout_ref.actor.fsdp_config.entropy_from_logits_with_chunking": "",
-    "actor_rollout_ref.ref.fsdp_config.entropy_from_logits_with_chunking": "",
-    "critic.model.fsdp_config.entropy_from_logits_with_chunking": "",
-    "critic.model.tokenizer_path": "",
-    "actor_rollout_ref.rollout.calculate_log_probs": "both engines always return `rollout_log_probs`.",
-    "reward_model.n_gpus_per_node": "the reward model runs in the global pool, one process per worker.",
-    "reward_model.nnodes": "",
-    "reward_model.strategy": "",
-    "reward_model.micro_batch_size": "",
-    "reward_model.use_dynamic_bsz": "",
-    "reward_model.forward_max_token_len_per_gpu": "",
-    "reward_model.model.override_config": "",
-    "reward_model.model.use_remove_padding": "",
 }

@@ -11,9 +11,9 @@ Where each column comes from:
   ``critic``, ``algorithm``), the ``Args:`` section of each dataclass's docstring (a name with a dot, such as
   ``tiled_mlp.enabled``, describes a key inside a mapping-valued field); for the other sections, ``DESCRIPTIONS``
   below;
-- vs veRL: ``validate.UNIMPLEMENTED`` and ``validate.TRAINER_MODES`` (read programmatically), plus ``OURS`` (keys
-  veRL does not have), ``DIFFERENCES`` and ``NOT_READ`` (keys accepted for compatibility that this version never
-  reads) below.
+- vs veRL: ``unread.UNREAD`` (keys accepted for compatibility that this version does not act on: a value away from
+  the default warns or is refused) and ``validate.TRAINER_MODES``, read programmatically, plus ``OURS`` (keys veRL
+  does not have) and ``DIFFERENCES`` in ``config_reference_tables.py``.
 
 A leaf without a description, or a table entry naming a key the YAML does not have, makes the generator fail, so a
 new key cannot go undocumented and a removed one cannot linger.
@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere: import verl from this checkout
     sys.path.insert(0, str(ROOT))
 
-from verl.trainer.config import validate  # noqa: E402
+from verl.trainer.config import unread, validate  # noqa: E402
 from verl.trainer.config.algorithm import AlgoConfig  # noqa: E402
 from verl.workers.config import ActorConfig, CriticConfig, HFModelConfig, RefConfig, RolloutConfig  # noqa: E402
 
@@ -58,13 +58,7 @@ SPLIT_SECTIONS = ("actor_rollout_ref",)
 
 # Descriptions of the keys that no dataclass backs (the sections written by scripts/generate_trainer_config.py).
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the tables live next to this script
-from config_reference_tables import (  # noqa: E402
-    DESCRIPTIONS,
-    DIFFERENCES,
-    NOT_READ,
-    NOT_READ_SHARED_NAME,
-    OURS,
-)
+from config_reference_tables import DESCRIPTIONS, DIFFERENCES, OURS  # noqa: E402
 
 LEGEND = """\
 # Config reference
@@ -83,12 +77,15 @@ A default written `${other.key}` follows that key unless you set it; `${oc.selec
 it exists. In the **vs veRL** column:
 
 - **ours**: the key does not exist in veRL;
-- **not implemented**: accepted so veRL command lines keep working, but the feature is missing; a non-default value
-  is an error (`error`) or logs a warning that it has no effect (`warning`) — this list comes from
-  `verl/trainer/config/validate.py`;
-- **not read**: accepted (and type-checked) for compatibility, but nothing in this version acts on it, so any value
-  has no effect;
-- other notes say how the key behaves differently here. An empty cell means: as in veRL.
+- **warns if set**: accepted (and type-checked) so veRL command lines keep working, but nothing in this version acts
+  on it; a value other than the default logs a warning at start-up naming the key and saying why running without
+  it is harmless;
+- **refused if set**: accepted, but not acted on and ignoring it would give another result than the one asked for:
+  a value other than the default is a validation error (reported with the other problems, before Ray starts);
+- other notes say how the key behaves differently here. An empty cell means: as in veRL, and acted on.
+
+The two markers come from `verl/trainer/config/unread.py`; a key inside a mapping marked there (e.g.
+`actor_rollout_ref.rollout.agent`) is marked by the most specific entry.
 """
 
 
@@ -226,54 +223,41 @@ def under_dataclass(key: str) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------------- notes
-def unimplemented_notes() -> dict[str, str]:
-    """Notes for the keys of ``validate.UNIMPLEMENTED``."""
+def unread_notes() -> dict[str, str]:
+    """Notes for the leaves covered by ``unread.UNREAD`` and for ``trainer.mode``'s unimplemented values."""
     notes = {}
     leaves = {key for key, _ in yaml_leaves()}
-    for key, default, consequence, why in validate.UNIMPLEMENTED:
-        kind = "error" if consequence == "error" else "warning"
-        # a key inside a mapping that defaults to null (e.g. algorithm.filter_groups.enable) goes on that mapping
-        target, sub = key, ""
-        parent = key.rsplit(".", 1)[0]
-        if key not in leaves and parent in leaves:
-            target, sub = parent, f"`{key.rsplit('.', 1)[1]}` "
-        notes[target] = (
-            f"**not implemented** ({kind}): {why}; {sub}a value other than `{render_default(default)}` is "
-            + ("an error." if kind == "error" else "accepted with a warning that it has no effect.")
-        )
+    for entry in unread.UNREAD:
+        # a key inside a mapping that defaults to null goes on that mapping
+        targets = [k for k in leaves if k == entry.key or k.startswith(entry.key + ".")]
+        parent = entry.key.rsplit(".", 1)[0]
+        if not targets and parent in leaves:
+            targets = [parent]
+        for target in targets:
+            if target != parent and unread.covering(target) is not entry:
+                continue
+            marker = "**refused if set**" if entry.consequence == "error" else "**warns if set**"
+            if entry.engine:
+                marker += f" with `actor_rollout_ref.rollout.name={entry.engine}`"
+            sub = f" (`{entry.key.rsplit('.', 1)[1]}`)" if target == parent else ""
+            notes[target] = f"{marker}{sub}: {entry.why}."
     modes = [m for m in validate.TRAINER_MODES if m not in validate.IMPLEMENTED_MODES]
     if modes:
         names = ", ".join(f"`{m}`" for m in modes)
         implemented = ", ".join(f"`{m}`" for m in validate.IMPLEMENTED_MODES)
-        notes["trainer.mode"] = f"{names}: **not implemented** (error); only {implemented} runs."
+        notes["trainer.mode"] = f"{names}: **refused** (not implemented yet); only {implemented} runs."
     return notes
 
 
-def vs_verl(key: str, unimplemented: dict[str, str]) -> str:
+def vs_verl(key: str, notes: dict[str, str]) -> str:
     parts = []
     if key in OURS:
         parts.append(f"**ours**: {OURS[key]}" if OURS[key] else "**ours**.")
-    if key in unimplemented:
-        parts.append(unimplemented[key])
-    if key not in unimplemented:
-        shared = covering(key, NOT_READ_SHARED_NAME)
-        if covering(key, dict.fromkeys(NOT_READ)) is not None or shared is not None:
-            why = NOT_READ_SHARED_NAME[shared] if shared is not None else ""
-            why = capitalize(why)
-            parts.append(("**not read**: accepted for compatibility, no effect in this version. " + why).strip())
+    if key in notes:
+        parts.append(notes[key])
     if key in DIFFERENCES:
         parts.append(capitalize(DIFFERENCES[key]))
     return clean(" ".join(parts))
-
-
-def covering(key: str, table: dict[str, Any]) -> str | None:
-    """The entry of ``table`` that is ``key`` or a mapping above it, if any."""
-    parts = key.split(".")
-    for i in range(len(parts), 0, -1):
-        prefix = ".".join(parts[:i])
-        if prefix in table:
-            return prefix
-    return None
 
 
 CONFIG_MODULES = ("verl/workers/config/", "verl/trainer/config/")
@@ -305,7 +289,7 @@ def render() -> str:
     items = yaml_leaves()
     keys = [key for key, _ in items]
     from_classes = dataclass_descriptions()
-    unimplemented = unimplemented_notes()
+    notes = unread_notes()
     problems = []
     for key in keys:
         if under_dataclass(key):
@@ -318,9 +302,7 @@ def render() -> str:
         ("DESCRIPTIONS", DESCRIPTIONS),
         ("OURS", OURS),
         ("DIFFERENCES", DIFFERENCES),
-        ("NOT_READ", dict.fromkeys(NOT_READ)),
-        ("NOT_READ_SHARED_NAME", NOT_READ_SHARED_NAME),
-        ("validate.UNIMPLEMENTED", unimplemented),
+        ("unread.UNREAD", {entry.key: entry for entry in unread.UNREAD}),
     ):
         problems += [
             f"{name} names {entry!r}, which is neither a key of the YAML nor a mapping of keys"
@@ -337,7 +319,7 @@ def render() -> str:
     for key, value in items:
         text = from_classes[key] if under_dataclass(key) else DESCRIPTIONS[key]
         default = render_default(value).replace("|", "\\|")
-        row = f"| `{key}` | `{default}` | {clean(text)} | {vs_verl(key, unimplemented)} |"
+        row = f"| `{key}` | `{default}` | {clean(text)} | {vs_verl(key, notes)} |"
         sections.setdefault(section_of(key), []).append(row)
 
     out = [LEGEND, "## Sections\n"]

@@ -33,7 +33,8 @@ HEADER = """\
 #   python -m verl.trainer.main_ppo data.train_files=... actor_rollout_ref.model.path=... [key=value ...]
 #
 # Ours, beyond veRL: trainer.mode (sync; colocate_async / separate_async later), trainer.device (auto|cpu|cuda),
-# reward_model.timeout_s (per-sample reward timeout), actor_rollout_ref.rollout.seed (per-sample sampling seeds).
+# reward_model.timeout_s (per-sample reward timeout), actor_rollout_ref.rollout.seed (per-sample sampling seeds),
+# data.filter_malformed_rows (drop malformed rows instead of failing).
 """
 
 
@@ -100,6 +101,7 @@ def build() -> dict[str, Any]:
             "image_patch_size": 14,
             "validation_shuffle": False,
             "filter_overlong_prompts": False,
+            "filter_malformed_rows": False,
             "filter_overlong_prompts_workers": 1,
             "truncation": "error",
             "image_key": "images",
@@ -157,6 +159,7 @@ def build() -> dict[str, Any]:
             "timeout_s": 30,
             "sandbox_fusion": {"url": None, "max_concurrent": 64, "memory_limit_mb": 1024},
             "overlong_buffer": {"enable": False, "len": 0, "penalty_factor": 0.0, "log": False},
+            "reward_kwargs": {},
             "profiler": {},
         },
         "reward_manager": {

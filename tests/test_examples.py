@@ -251,7 +251,8 @@ def test_documented_cpu_command_is_a_valid_config(example: Example, tmp_path):
 
     recipe = cpu_recipe(example)
     assert recipe["ROLLOUT_NAME"] == "hf" and recipe["N_GPUS"] == "1", recipe
-    paths = {"MODEL_PATH": "/demo/model", "TRAIN_FILES": "/demo/train.parquet", "VAL_FILES": "/demo/test.parquet"}
+    # a model folder that exists: validation checks local model paths (the data files are read later, by the run)
+    paths = {"MODEL_PATH": str(tmp_path), "TRAIN_FILES": "/demo/train.parquet", "VAL_FILES": "/demo/test.parquet"}
     config = compose(captured_overrides(example, tmp_path, **paths, **recipe))
     validate_config(config)
     assert config.actor_rollout_ref.rollout.name == "hf" and config.trainer.n_gpus_per_node == 1

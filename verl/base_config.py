@@ -39,11 +39,15 @@ class BaseConfig(collections.abc.Mapping):
     def __delattr__(self, name: str) -> None:
         raise dataclasses.FrozenInstanceError(f"cannot delete {type(self).__name__}.{name}: configs are frozen")
 
-    # Mapping interface: the dataclass fields are the keys.
+    # Mapping interface: the dataclass fields are the keys (iteration, len, ``in``); ``[]`` and ``get`` also read
+    # the config's properties (derived values), as veRL's attribute-based lookups do.
     def __getitem__(self, key: str) -> Any:
-        if key not in self._field_names():
-            raise KeyError(key)
-        return getattr(self, key)
+        if key in self._field_names() or isinstance(getattr(type(self), str(key), None), property):
+            return getattr(self, key)
+        raise KeyError(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._field_names()
 
     def __iter__(self):
         return iter(self._field_names())
@@ -52,8 +56,11 @@ class BaseConfig(collections.abc.Mapping):
         return len(self._field_names())
 
     def get(self, key: str, default: Any = None) -> Any:
-        """``dict.get``: the field's value, or ``default`` when there is no such field."""
-        return getattr(self, key) if key in self._field_names() else default
+        """``dict.get``: the field's (or property's) value, or ``default`` when there is no such key."""
+        try:
+            return self[key]
+        except KeyError:
+            return default
 
     @classmethod
     def _field_names(cls) -> tuple[str, ...]:
@@ -134,7 +141,7 @@ def omega_conf_to_dataclass(config: Any, dataclass_type: type[T] | None = None) 
     Args:
         config: a ``DictConfig``/mapping, or an already-built dataclass instance (returned unchanged).
         dataclass_type: the dataclass to build. When ``None``, the class named by the mapping's ``_target_`` key is
-            used.
+            used; a ``_target_`` that is not a dataclass is built with ``hydra.utils.instantiate`` (as veRL does).
 
     Returns:
         An instance of the dataclass. Nested mappings become nested dataclasses where the field is annotated with
@@ -150,6 +157,10 @@ def omega_conf_to_dataclass(config: Any, dataclass_type: type[T] | None = None) 
         if not target:
             raise ValueError("omega_conf_to_dataclass needs a dataclass_type or a '_target_' key in the config")
         dataclass_type = _locate(target)
+        if not dataclasses.is_dataclass(dataclass_type):  # any other class: build it the way veRL does, with hydra
+            from hydra.utils import instantiate
+
+            return instantiate(values, _convert_="partial")
     if not dataclasses.is_dataclass(dataclass_type):
         raise TypeError(f"{dataclass_type!r} is not a dataclass")
     return _build_dataclass(dataclass_type, values, "")

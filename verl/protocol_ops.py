@@ -1,9 +1,10 @@
 """Futures, batch-shape and collective helpers over `DataProto` (re-exported from ``verl.protocol``, veRL's import
-path): `DataProtoFuture`, folding the batch dimension, collating single rows, all-gathering across a process group."""
+path): `DataProtoFuture`, folding the batch dimension, collating single rows, all-gathering across a process group,
+and veRL's tensor / TensorDict serialization into ``(dtype, shape, uint8 numpy buffer)`` tuples."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +15,19 @@ from tensordict import TensorDict
 from verl.protocol import DataProto, DataProtoItem
 from verl.utils.tensordict_utils import as_object_array
 
-__all__ = ["DataProtoFuture", "all_gather_data_proto", "collate_fn", "fold_batch_dim", "unfold_batch_dim"]
+__all__ = [
+    "DataProtoFuture",
+    "all_gather_data_proto",
+    "collate_fn",
+    "deserialize_single_tensor",
+    "deserialize_tensordict",
+    "fold_batch_dim",
+    "list_of_dict_to_dict_of_list",
+    "numpy_dict_to_tensor_dict",
+    "serialize_single_tensor",
+    "serialize_tensordict",
+    "unfold_batch_dim",
+]
 
 
 def fold_batch_dim(data: DataProto, new_batch_size: int) -> DataProto:
@@ -126,3 +139,81 @@ class _ChunkSelector:
         if self.previous is not None:
             data = self.previous(data)
         return data.chunk(self.chunks)[self.index]
+
+
+def list_of_dict_to_dict_of_list(list_of_dict: Sequence[Mapping[str, Any]]) -> dict[str, list]:
+    """``[{"a": 1, "b": 2}, {"a": 3, "b": 4}]`` → ``{"a": [1, 3], "b": [2, 4]}``. Every dict must have the keys of
+    the first (``KeyError`` naming the row and key otherwise); an empty list gives ``{}``."""
+    if not list_of_dict:
+        return {}
+    output: dict[str, list] = {key: [] for key in list_of_dict[0]}
+    for i, row in enumerate(list_of_dict):
+        if row.keys() != output.keys():
+            extra = sorted(set(row) - set(output))
+            missing = sorted(set(output) - set(row))
+            raise KeyError(
+                f"list_of_dict[{i}] has keys differing from the first dict: extra {extra}, missing {missing}"
+            )
+        for key, value in row.items():
+            output[key].append(value)
+    return output
+
+
+def numpy_dict_to_tensor_dict(numpy_dict: Mapping[str, np.ndarray]) -> TensorDict:
+    """A TensorDict of ``torch.from_numpy`` views of the (numeric) arrays; the batch size is their common first
+    dimension."""
+    tensors = {key: torch.from_numpy(np.asarray(value)) for key, value in numpy_dict.items()}
+    sizes = {t.shape[0] for t in tensors.values() if t.dim() > 0}
+    return TensorDict(tensors, batch_size=[sizes.pop()] if len(sizes) == 1 else [])
+
+
+def serialize_single_tensor(obj: torch.Tensor) -> tuple[str, tuple[int, ...], np.ndarray]:
+    """``(dtype name, shape, bytes as a uint8 numpy array)`` of a dense tensor (copied to CPU and made contiguous
+    when needed; otherwise the array shares the tensor's memory)."""
+    if not isinstance(obj, torch.Tensor) or obj.is_nested:
+        raise TypeError(f"serialize_single_tensor needs a dense tensor, got {type(obj).__name__}")
+    flat = obj.detach().to("cpu").contiguous().reshape(-1)
+    return str(obj.dtype).removeprefix("torch."), tuple(obj.shape), flat.view(torch.uint8).numpy()
+
+
+def deserialize_single_tensor(arr: tuple[str, Sequence[int], Any]) -> torch.Tensor:
+    """Inverse of :func:`serialize_single_tensor` (the buffer is copied when it is read-only)."""
+    dtype_name, shape, data = arr
+    dtype = getattr(torch, dtype_name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"deserialize_single_tensor: unknown dtype {dtype_name!r}")
+    buffer = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data
+    if not buffer.flags.writeable:
+        buffer = buffer.copy()
+    return torch.from_numpy(buffer).view(dtype).reshape(tuple(shape))
+
+
+def serialize_tensordict(batch: TensorDict) -> tuple[tuple[int, ...], str | None, dict[str, tuple]]:
+    """``(batch_size, device, {key: encoded})`` of a TensorDict of tensors: a dense tensor is encoded by
+    :func:`serialize_single_tensor`, a nested tensor as ``(layout name, [encoded row, ...])``."""
+    encoded: dict[str, tuple] = {}
+    for key, value in batch.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"serialize_tensordict: {key!r} is a {type(value).__name__}, only tensors are supported")
+        if value.is_nested:
+            layout = str(value.layout).removeprefix("torch.")
+            encoded[key] = (layout, [serialize_single_tensor(row) for row in value.unbind(0)])
+        else:
+            encoded[key] = serialize_single_tensor(value)
+    device = None if batch.device is None else str(batch.device)
+    return tuple(batch.batch_size), device, encoded
+
+
+def deserialize_tensordict(arr: tuple[Sequence[int], str | None, Mapping[str, tuple]]) -> TensorDict:
+    """Inverse of :func:`serialize_tensordict`."""
+    batch_size, device, encoded = arr
+    decoded = {}
+    for key, value in encoded.items():
+        if len(value) == 2:  # (layout, rows): a nested tensor
+            layout, rows = value
+            decoded[key] = torch.nested.as_nested_tensor(
+                [deserialize_single_tensor(row) for row in rows], layout=getattr(torch, layout)
+            )
+        else:
+            decoded[key] = deserialize_single_tensor(value)
+    return TensorDict(decoded, batch_size=tuple(batch_size), device=device)

@@ -44,7 +44,7 @@ CLIP_RATIO_LOW=${CLIP_RATIO_LOW:-1.0}
 CLIP_RATIO_HIGH=${CLIP_RATIO_HIGH:-0.28}
 
 ROLLOUT_NAME=${ROLLOUT_NAME:-vllm}                   # vllm | sglang | hf (CPU)
-ROLLOUT_TP=${ROLLOUT_TP:-2}
+ROLLOUT_TP=${ROLLOUT_TP:-1}
 GPU_MEMORY_UTILIZATION=${GPU_MEMORY_UTILIZATION:-0.6}
 
 N_GPUS=${N_GPUS:-8}                                  # workers per node (CPU: worker processes)

@@ -41,7 +41,7 @@ LOG_PROB_MICRO_BATCH_SIZE_PER_GPU=${LOG_PROB_MICRO_BATCH_SIZE_PER_GPU:-32}
 ACTOR_LR=${ACTOR_LR:-1e-6}
 
 ROLLOUT_NAME=${ROLLOUT_NAME:-vllm}                   # vllm | sglang | hf (CPU)
-ROLLOUT_TP=${ROLLOUT_TP:-2}
+ROLLOUT_TP=${ROLLOUT_TP:-1}
 GPU_MEMORY_UTILIZATION=${GPU_MEMORY_UTILIZATION:-0.6}
 
 N_GPUS=${N_GPUS:-8}                                  # workers per node (CPU: worker processes)

@@ -42,7 +42,7 @@ CLIP_RATIO_LOW=${CLIP_RATIO_LOW:-3e-4}
 CLIP_RATIO_HIGH=${CLIP_RATIO_HIGH:-4e-4}
 
 ROLLOUT_NAME=${ROLLOUT_NAME:-vllm}                   # vllm | sglang | hf (CPU)
-ROLLOUT_TP=${ROLLOUT_TP:-2}
+ROLLOUT_TP=${ROLLOUT_TP:-1}
 GPU_MEMORY_UTILIZATION=${GPU_MEMORY_UTILIZATION:-0.6}
 
 N_GPUS=${N_GPUS:-8}                                  # workers per node (CPU: worker processes)

@@ -47,7 +47,7 @@ LAM=${LAM:-1.0}
 KL_COEF=${KL_COEF:-0.001}                            # used when algorithm.use_kl_in_reward=True
 
 ROLLOUT_NAME=${ROLLOUT_NAME:-vllm}                   # vllm | sglang | hf (CPU)
-ROLLOUT_TP=${ROLLOUT_TP:-2}
+ROLLOUT_TP=${ROLLOUT_TP:-1}
 GPU_MEMORY_UTILIZATION=${GPU_MEMORY_UTILIZATION:-0.5}
 
 N_GPUS=${N_GPUS:-8}                                  # workers per node (CPU: worker processes)

@@ -318,13 +318,44 @@ def quickstart(data: Path, model: str, *extra: str) -> list[str]:
     ]
 
 
+CURRICULUM_SAMPLER = """
+import os
+
+from verl.experimental.dataset.sampler import AbstractCurriculumSampler
+
+
+class ScoreCurriculum(AbstractCurriculumSampler):
+    def __init__(self, data_source, data_config):
+        self.size = len(data_source)
+
+    def __iter__(self):
+        return iter(range(self.size))
+
+    def __len__(self):
+        return self.size
+
+    def update(self, batch):
+        with open(os.environ["CURRICULUM_LOG"], "a") as f:
+            f.write(f"{len(batch)} {float(batch.batch['token_level_scores'].sum(-1).mean())}\\n")
+"""
+
+
 def test_verl_quickstart_command_runs_on_local_tiny_files(tmp_path):
     data, model = make_gsm8k(tmp_path), demo_model(tmp_path)
-    code, output, records = run_main(tmp_path, *quickstart(data, model, "trainer.logger=[console,file]"))
+    (tmp_path / "curriculum.py").write_text(CURRICULUM_SAMPLER)
+    sampler = [f"data.sampler.class_path={tmp_path / 'curriculum.py'}", "data.sampler.class_name=ScoreCurriculum"]
+    log = tmp_path / "curriculum.log"
+    code, output, records = run_main(
+        tmp_path,
+        *quickstart(data, model, "trainer.logger=[console,file]", "data.dataloader_num_workers=0", *sampler),
+        env={"CURRICULUM_LOG": str(log)},
+    )
     assert code == 0, output[-3000:]
     last = records[-1]["data"]
     assert "val-core/openai/gsm8k/reward/mean@1" in last and "critic/vf_loss" in last
     assert (tmp_path / "ckpt" / "global_step_2" / "actor").is_dir()  # save at the last step
+    # veRL's curriculum hook: update(batch) after each trained step, with that step's scored batch
+    assert [line.split()[0] for line in log.read_text().splitlines()] == ["8", "8"]
 
 
 def test_malformed_row_and_raising_reward_function(tmp_path):
@@ -341,7 +372,7 @@ def test_malformed_row_and_raising_reward_function(tmp_path):
 
     reward = tmp_path / "reward.py"
     reward.write_text(
-        "def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
         "    raise RuntimeError('broken reward')\n"
     )
     code, output, records = run_main(
@@ -356,9 +387,9 @@ def test_malformed_row_and_raising_reward_function(tmp_path):
         ),
         name="raising",
     )
-    assert code == 0, output[-3000:]
-    assert records, output[-3000:]
-    assert records[-1]["data"]["reward/error_count"] > 0 and "broken reward" in output
+    # a reward function that fails on every sample stops the run, naming itself, its file and the exception
+    assert code != 0 and not [r for r in records if r["data"]], output[-3000:]
+    assert f"compute_score ({reward})" in output and "RuntimeError: broken reward" in output
 
 
 @pytest.mark.vllm

@@ -19,11 +19,23 @@ import ray
 from omegaconf import DictConfig, OmegaConf
 
 from verl.trainer.config.validate import validate_config, world_size
+from verl.utils.dataset.rl_dataset import create_rl_dataset, create_rl_sampler
 from verl.utils.ray_utils import required_logical_cpus
 
-__all__ = ["DEMO_PRESET", "TaskRunner", "demo_preset", "main", "run_ppo"]
+__all__ = [
+    "DEMO_PRESET",
+    "TaskRunner",
+    "create_rl_dataset",
+    "create_rl_sampler",
+    "demo_preset",
+    "load_tokenizer",
+    "main",
+    "run_ppo",
+]
 
 logger = logging.getLogger(__name__)
+
+GLOBAL_POOL, REWARD_POOL = "global_pool", "reward_pool"
 
 # The demo's sizes (layered under the user's overrides; model and data paths are filled in at start-up).
 DEMO_PRESET: dict[str, Any] = {
@@ -93,35 +105,86 @@ def with_demo_preset(config: DictConfig, overrides: list[str]) -> DictConfig:
 
 
 class TaskRunner:
-    """Runs one training job inside Ray: tokenizer, data, rewards, workers, trainer."""
+    """Runs one training job inside Ray: tokenizer, data, rewards, workers, trainer.
+
+    veRL's recipe hooks: ``role_worker_mapping`` (``{Role: worker class}``) and ``mapping`` (``{Role: pool
+    name}``), filled by ``add_actor_rollout_worker`` / ``add_critic_worker`` / ``add_reward_model_worker`` /
+    ``add_ref_policy_worker``, and ``init_resource_pool_mgr``; a recipe subclasses it and overrides what it changes
+    (and passes it to :func:`run_ppo` as ``task_runner_class``).
+    """
+
+    def __init__(self) -> None:
+        self.role_worker_mapping: dict[Any, Any] = {}
+        self.mapping: dict[Any, str] = {}
+
+    def add_actor_rollout_worker(self, config: DictConfig) -> tuple[type, type]:
+        """Map the actor-rollout role to the FSDP worker; returns ``(worker class, worker-group class)``."""
+        from verl.single_controller.ray import RayWorkerGroup
+        from verl.trainer.ppo.utils import Role
+        from verl.workers.fsdp_workers import ActorRolloutRefWorker
+
+        self.role_worker_mapping[Role.ActorRollout] = ray.remote(ActorRolloutRefWorker)
+        self.mapping[Role.ActorRollout] = GLOBAL_POOL
+        return ActorRolloutRefWorker, RayWorkerGroup
+
+    def add_critic_worker(self, config: DictConfig) -> None:
+        """Map the critic role to the FSDP critic worker (it runs when the config needs a critic)."""
+        from verl.trainer.ppo.utils import Role
+        from verl.workers.fsdp_workers import CriticWorker
+
+        self.role_worker_mapping[Role.Critic] = ray.remote(CriticWorker)
+        self.mapping[Role.Critic] = GLOBAL_POOL
+
+    def add_reward_model_worker(self, config: DictConfig) -> None:
+        """Map the reward-model role (when ``reward_model.enable``), in its own pool with
+        ``reward_model.enable_resource_pool``."""
+        from verl.trainer.ppo.utils import Role
+        from verl.workers.fsdp_workers import RewardModelWorker
+
+        if config.reward_model.enable:
+            self.role_worker_mapping[Role.RewardModel] = ray.remote(RewardModelWorker)
+            own_pool = config.reward_model.get("enable_resource_pool", False)
+            self.mapping[Role.RewardModel] = REWARD_POOL if own_pool else GLOBAL_POOL
+
+    def add_ref_policy_worker(self, config: DictConfig, ref_policy_cls: type) -> None:
+        """Map the reference-policy role when a KL term needs it (it runs inside the actor's workers)."""
+        from verl.trainer.ppo.utils import Role, need_reference_policy
+
+        if need_reference_policy(config):
+            self.role_worker_mapping[Role.RefPolicy] = ray.remote(ref_policy_cls)
+            self.mapping[Role.RefPolicy] = GLOBAL_POOL
+
+    def init_resource_pool_mgr(self, config: DictConfig) -> Any:
+        """``global_pool`` of ``trainer.n_gpus_per_node × trainer.nnodes`` workers (and ``reward_pool`` of
+        ``reward_model.n_gpus_per_node × nnodes`` with ``reward_model.enable_resource_pool``)."""
+        from verl.trainer.ppo.utils import ResourcePoolManager
+
+        spec = {GLOBAL_POOL: [config.trainer.n_gpus_per_node] * config.trainer.nnodes}
+        if config.reward_model.get("enable_resource_pool", False):
+            rm = config.reward_model
+            if rm.n_gpus_per_node <= 0 or rm.nnodes <= 0:
+                raise ValueError("reward_model.enable_resource_pool needs reward_model.n_gpus_per_node and nnodes > 0")
+            spec[REWARD_POOL] = [rm.n_gpus_per_node] * rm.nnodes
+        use_gpu = config.trainer.get("device", "auto") != "cpu"
+        return ResourcePoolManager(spec, self.mapping, use_gpu=use_gpu)
 
     def run(self, config: DictConfig) -> None:
-        from transformers import AutoTokenizer
-
+        """Build everything from ``config`` and train."""
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", force=True)
 
         from verl.trainer.ppo.ray_trainer import RayPPOTrainer
         from verl.trainer.ppo.reward import load_reward_manager
-        from verl.trainer.ppo.utils import ResourcePoolManager, Role
-        from verl.utils.dataset.rl_dataset import collate_fn, create_rl_dataset, create_rl_sampler
-        from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
+        from verl.utils.dataset.rl_dataset import collate_fn
 
-        model = config.actor_rollout_ref.model
-        tokenizer = AutoTokenizer.from_pretrained(
-            model.tokenizer_path or model.path, trust_remote_code=model.trust_remote_code
-        )
-        if model.get("custom_chat_template"):
-            tokenizer.chat_template = model.custom_chat_template
-        role_worker_mapping = {
-            Role.ActorRolloutRef: ActorRolloutRefWorker,
-            Role.Critic: CriticWorker,
-            Role.RewardModel: RewardModelWorker,
-        }
-        spec = {"global_pool": [config.trainer.n_gpus_per_node] * config.trainer.nnodes}
-        mapping = {role: "global_pool" for role in role_worker_mapping}
-        manager = ResourcePoolManager(spec, mapping, use_gpu=config.trainer.get("device", "auto") != "cpu")
-        reward_fn = load_reward_manager(config, tokenizer, num_examine=0)
-        val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1)
+        OmegaConf.resolve(config)
+        actor_rollout_cls, ray_worker_group_cls = self.add_actor_rollout_worker(config)
+        self.add_critic_worker(config)
+        self.add_reward_model_worker(config)
+        self.add_ref_policy_worker(config, actor_rollout_cls)
+        tokenizer = load_tokenizer(config.actor_rollout_ref.model)
+        reward_kwargs = OmegaConf.to_container(config.reward_model.get("reward_kwargs") or {}, resolve=True)
+        reward_fn = load_reward_manager(config, tokenizer, num_examine=0, **reward_kwargs)
+        val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1, **reward_kwargs)
         train_dataset = create_rl_dataset(config.data.train_files, config.data, tokenizer)
         val_dataset = (
             create_rl_dataset(config.data.val_files, config.data, tokenizer, is_train=False)
@@ -131,8 +194,9 @@ class TaskRunner:
         trainer = RayPPOTrainer(
             config,
             tokenizer,
-            role_worker_mapping,
-            manager,
+            self.role_worker_mapping,
+            self.init_resource_pool_mgr(config),
+            ray_worker_group_cls=ray_worker_group_cls,
             reward_fn=reward_fn,
             val_reward_fn=val_reward_fn,
             train_dataset=train_dataset,
@@ -144,6 +208,26 @@ class TaskRunner:
         trainer.fit()
 
 
+def load_tokenizer(model: Any) -> Any:
+    """The policy's tokenizer (``model.tokenizer_path`` or ``model.path``), with ``model.custom_chat_template``."""
+    from verl.utils.hf_tokenizer import hf_tokenizer
+
+    tokenizer = hf_tokenizer(model.tokenizer_path or model.path, trust_remote_code=model.trust_remote_code)
+    if model.get("custom_chat_template"):
+        tokenizer.chat_template = model.custom_chat_template
+    return tokenizer
+
+
+def _import_external_lib(config: DictConfig) -> None:
+    """Import ``actor_rollout_ref.model.external_lib`` here too, so what it registers (estimators, losses, reward
+    managers) is known to validation; a module that does not exist is left for validation to report by name."""
+    from verl.utils.import_utils import import_external_libs, is_package_available
+
+    lib = OmegaConf.select(config, "actor_rollout_ref.model.external_lib")
+    names = [lib] if isinstance(lib, str) else list(lib or [])
+    import_external_libs([name for name in names if is_package_available(name)])
+
+
 def _worker_env() -> dict[str, str]:
     """Environment for the Ray workers: verl's own ``VERL_*`` settings travel with the job."""
     env = {"TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_MODE": "disabled"}
@@ -151,8 +235,13 @@ def _worker_env() -> dict[str, str]:
     return env
 
 
-def run_ppo(config: DictConfig, task_runner_class: type | None = None) -> None:
-    """Validate ``config`` (every problem at once, before Ray starts), start Ray, run the job in a TaskRunner."""
+def run_ppo(config: DictConfig, task_runner_class: Any = None) -> None:
+    """Validate ``config`` (every problem at once, before Ray starts), start Ray, run the job in a TaskRunner.
+
+    ``task_runner_class``: a recipe's runner (default :class:`TaskRunner`), a plain class or one already decorated
+    with ``ray.remote`` (veRL's recipes pass ``ray.remote(num_cpus=1)(MyRunner)``); it is started with the
+    workers' environment either way."""
+    _import_external_lib(config)
     validate_config(config)
     if not ray.is_initialized():
         ray_init = OmegaConf.to_container(config.ray_kwargs.ray_init, resolve=True) or {}
@@ -164,7 +253,12 @@ def run_ppo(config: DictConfig, task_runner_class: type | None = None) -> None:
             "VERL_CACHE_DIR": os.environ.get("VERL_CACHE_DIR", ""),
         }
         ray.init(runtime_env={"env_vars": {k: v for k, v in env.items() if v}}, include_dashboard=False, **ray_init)
-    runner_cls = ray.remote(num_cpus=0, runtime_env={"env_vars": _worker_env()})(task_runner_class or TaskRunner)
+    runtime_env = {"env_vars": _worker_env()}
+    runner_cls = task_runner_class or TaskRunner
+    if isinstance(runner_cls, ray.actor.ActorClass):  # decorated by the recipe: keep its options, add the env
+        runner_cls = runner_cls.options(runtime_env=runtime_env)
+    else:
+        runner_cls = ray.remote(num_cpus=0, runtime_env=runtime_env)(runner_cls)
     ray.get(runner_cls.remote().run.remote(config))
 
 

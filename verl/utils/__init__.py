@@ -1,12 +1,26 @@
-"""Utilities shared across verl."""
+"""Utilities shared across verl.
 
-__all__ = ["as_torch_index", "group_mean_std"]
+veRL exposes a few helpers at ``verl.utils`` itself; they are imported on first access so that importing any
+``verl.utils.*`` module stays light (no torch / transformers / omegaconf at package import).
+"""
+
+__all__ = ["as_torch_index", "group_mean_std", "hf_processor", "hf_tokenizer", "omega_conf_to_dataclass"]
+
+_LAZY = {
+    "as_torch_index": "verl.utils.torch_functional",
+    "group_mean_std": "verl.utils.torch_functional",
+    "hf_processor": "verl.utils.tokenizer",
+    "hf_tokenizer": "verl.utils.tokenizer",
+    "omega_conf_to_dataclass": "verl.base_config",
+}
 
 
 def __getattr__(name: str):
-    # veRL exposes these two at `verl.utils`; import torch only when they are asked for.
-    if name in __all__:
-        from verl.utils import torch_functional
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'verl.utils' has no attribute {name!r}")
+    import importlib
 
-        return getattr(torch_functional, name)
-    raise AttributeError(f"module 'verl.utils' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value

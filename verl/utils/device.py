@@ -1,27 +1,99 @@
-"""Which device and collective backend this process uses: CUDA + nccl when a GPU is visible, else CPU + gloo."""
+"""Which device and collective backend this process uses: CUDA + nccl when a GPU is visible, Ascend NPU + hccl
+when ``torch_npu`` provides one, else CPU + gloo.
+
+veRL's ``is_cuda_available`` / ``is_npu_available`` are module-level booleans while older verl code calls them;
+here both are flags that work either way (``if is_cuda_available:`` and ``is_cuda_available()``).
+"""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
-__all__ = ["get_device_name", "get_nccl_backend", "get_torch_device", "is_cuda_available"]
+__all__ = [
+    "get_device_id",
+    "get_device_name",
+    "get_nccl_backend",
+    "get_torch_device",
+    "get_visible_devices_keyword",
+    "is_cuda_available",
+    "is_npu_available",
+    "set_expandable_segments",
+]
+
+logger = logging.getLogger(__name__)
 
 
-def is_cuda_available() -> bool:
-    """True when torch sees a CUDA device."""
-    return torch.cuda.is_available()
+class _DeviceFlag:
+    """A boolean that is re-checked on each use and can also be called: ``bool(flag) == flag()``."""
+
+    def __init__(self, name: str, check: Callable[[], bool]) -> None:
+        self._name = name
+        self._check = check
+
+    def __call__(self) -> bool:
+        return bool(self._check())
+
+    def __bool__(self) -> bool:
+        return self()
+
+    def __eq__(self, other: object) -> bool:
+        return self() == other if isinstance(other, bool | int) else NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self())
+
+    def __repr__(self) -> str:
+        return f"{self._name}={self()}"
+
+
+def _npu_available() -> bool:
+    npu = getattr(torch, "npu", None)  # present once torch_npu is imported
+    try:
+        return bool(npu is not None and callable(getattr(npu, "is_available", None)) and npu.is_available())
+    except Exception:  # a broken torch_npu install: treat as absent
+        return False
+
+
+is_cuda_available = _DeviceFlag("is_cuda_available", torch.cuda.is_available)
+is_npu_available = _DeviceFlag("is_npu_available", _npu_available)
 
 
 def get_device_name() -> str:
-    """``"cuda"`` when a CUDA device is visible, else ``"cpu"``."""
-    return "cuda" if is_cuda_available() else "cpu"
+    """``"cuda"`` when a CUDA device is visible, ``"npu"`` for Ascend, else ``"cpu"``."""
+    if is_cuda_available():
+        return "cuda"
+    if is_npu_available():
+        return "npu"
+    return "cpu"
 
 
-def get_torch_device():
-    """The ``torch.cuda`` module on GPU machines, else ``torch.cpu``."""
+def get_torch_device() -> Any:
+    """The torch device module: ``torch.cuda``, ``torch.npu`` or ``torch.cpu``."""
     return getattr(torch, get_device_name())
 
 
+def get_device_id() -> int:
+    """The index of this process's current accelerator (0 on CPU)."""
+    name = get_device_name()
+    return 0 if name == "cpu" else get_torch_device().current_device()
+
+
 def get_nccl_backend() -> str:
-    """The torch.distributed backend for this device: ``"nccl"`` on CUDA, ``"gloo"`` on CPU."""
-    return "nccl" if is_cuda_available() else "gloo"
+    """The torch.distributed backend for this device: ``"nccl"`` on CUDA, ``"hccl"`` on NPU, ``"gloo"`` on CPU."""
+    return {"cuda": "nccl", "npu": "hccl"}.get(get_device_name(), "gloo")
+
+
+def get_visible_devices_keyword() -> str:
+    """The environment variable that selects visible accelerators: ``CUDA_VISIBLE_DEVICES`` (also on CPU-only
+    machines) or ``ASCEND_RT_VISIBLE_DEVICES`` on NPU."""
+    return "ASCEND_RT_VISIBLE_DEVICES" if get_device_name() == "npu" else "CUDA_VISIBLE_DEVICES"
+
+
+def set_expandable_segments(enable: bool) -> None:
+    """Turn the CUDA caching allocator's expandable segments on or off (reduces fragmentation); no-op off CUDA."""
+    if is_cuda_available():
+        torch.cuda.memory._set_allocator_settings(f"expandable_segments:{bool(enable)}")

@@ -1,17 +1,34 @@
-"""Starting Ray with enough logical CPUs for the workers a job places.
+"""Starting Ray with enough logical CPUs for the workers a job places, and veRL's small Ray helpers.
 
 Placement-group bundles are ``{"CPU": 1}`` per worker process. A small machine (2 cores) that runs, say, four
 workers therefore needs Ray started with at least four logical CPUs; logical CPUs are a scheduling budget, not
 cores, so asking for more than the machine has is fine for workers that mostly wait on each other.
+
+``parallel_put`` puts many objects into the object store from a thread pool; ``ray_noset_visible_devices`` tells
+whether Ray was told to leave ``*_VISIBLE_DEVICES`` alone.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-__all__ = ["init_ray_for_workers", "required_logical_cpus"]
+__all__ = ["init_ray_for_workers", "parallel_put", "ray_noset_visible_devices", "required_logical_cpus"]
+
+# Ray leaves the matching *_VISIBLE_DEVICES variable alone when one of these is set (one per accelerator kind).
+NOSET_VISIBLE_DEVICES_ENV_VARS = (
+    "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES",
+    "RAY_EXPERIMENTAL_NOSET_ROCR_VISIBLE_DEVICES",
+    "RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES",
+    "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES",
+    "RAY_EXPERIMENTAL_NOSET_HABANA_VISIBLE_MODULES",
+    "RAY_EXPERIMENTAL_NOSET_NEURON_RT_VISIBLE_CORES",
+    "RAY_EXPERIMENTAL_NOSET_TPU_VISIBLE_CHIPS",
+    "RAY_EXPERIMENTAL_NOSET_ONEAPI_DEVICE_SELECTOR",
+)
 
 logger = logging.getLogger(__name__)
 
@@ -43,3 +60,26 @@ def init_ray_for_workers(num_workers: int, **ray_init_kwargs: Any) -> None:
     ray_init_kwargs.setdefault("num_cpus", needed)
     ray_init_kwargs.setdefault("include_dashboard", False)
     ray.init(**ray_init_kwargs)
+
+
+def ray_noset_visible_devices(env_vars: Mapping[str, str] | None = None) -> bool:
+    """Whether any ``RAY_EXPERIMENTAL_NOSET_*_VISIBLE_*`` variable is set (non-empty) in ``env_vars`` (default:
+    ``os.environ``): then Ray does not set the visible-device variable of actors."""
+    env = os.environ if env_vars is None else env_vars
+    return any(env.get(name) for name in NOSET_VISIBLE_DEVICES_ENV_VARS)
+
+
+def parallel_put(data_list: Sequence[Any], max_workers: int | None = None) -> list[Any]:
+    """``ray.put`` every item of ``data_list`` from a thread pool (default ``min(len, 16)`` threads); returns the
+    object refs in the order of ``data_list``."""
+    import ray
+
+    items = list(data_list)
+    if not items:
+        raise ValueError("parallel_put: data_list is empty")
+    if max_workers is None:
+        max_workers = min(len(items), 16)
+    if max_workers < 1:
+        raise ValueError(f"parallel_put: max_workers must be >= 1, got {max_workers}")
+    with ThreadPoolExecutor(max_workers=max_workers) as pool:
+        return list(pool.map(ray.put, items))

@@ -25,6 +25,8 @@ from verl.single_controller.base.decorator import Dispatch, make_nd_compute_data
 from verl.trainer.ppo.rollout_corr_helper import compute_rollout_corr_metrics_from_logprobs
 from verl.utils.device import get_device_name
 from verl.utils.distributed import initialize_global_process_group
+from verl.utils.import_utils import import_external_libs
+from verl.utils.profiler import DistProfiler, DistProfilerExtension, ProfilerConfig
 from verl.utils.torch_functional import masked_mean
 from verl.workers.actor import DataParallelPPOActor
 from verl.workers.config.builders import (
@@ -37,7 +39,7 @@ from verl.workers.config.builders import (
 from verl.workers.critic import DataParallelPPOCritic
 from verl.workers.engine import FSDPEngine
 
-__all__ = ["ActorRolloutRefWorker", "CriticWorker", "RewardModelWorker"]
+__all__ = ["ActorRolloutRefWorker", "CriticWorker", "ProfiledWorker", "RewardModelWorker"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +56,29 @@ def _register_meshes(worker: Worker) -> None:
     # Pure data parallelism: every rank is its own dp rank and is collected, under every mesh name.
     for mesh in MESHES:
         worker._register_dispatch_collect_info(mesh, dp_rank=worker.rank, is_collect=True)
+
+
+class ProfiledWorker(Worker, DistProfilerExtension):
+    """A worker with veRL's ``start_profile`` / ``stop_profile`` (`DistProfilerExtension`): the torch profiler over
+    what every rank runs in between (``global_profiler.tool=torch``), one trace per rank and step under
+    ``save_path``. Every worker imports ``model.external_lib`` first, so the module's registrations (architectures,
+    estimators, losses) exist in the worker too."""
+
+    profile_role = "worker"
+
+    def __init__(self, external_lib: str | list[str] | None = None) -> None:
+        Worker.__init__(self)
+        import_external_libs(external_lib)
+        DistProfilerExtension.__init__(self, DistProfiler(self.rank))  # off until start_profile
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def start_profile(self, profile_step: int | None = None, save_path: str = "outputs/profile", **kwargs: Any) -> None:
+        """Start the torch profiler for step ``profile_step`` (a profile still running is written first)."""
+        if self.profiler.check_this_step():
+            self.profiler.stop()
+        config = ProfilerConfig(tool="torch", enable=True, all_ranks=True, save_path=save_path)
+        self.profiler = DistProfiler(self.rank, config, role=self.profile_role)
+        self.profiler.start(profile_step=profile_step)
 
 
 def rollout_mismatch_metrics(
@@ -73,7 +98,7 @@ def rollout_mismatch_metrics(
     return metrics
 
 
-class ActorRolloutRefWorker(Worker):
+class ActorRolloutRefWorker(ProfiledWorker):
     """Actor (trainer), rollout engine and/or reference policy in one process.
 
     Args:
@@ -82,11 +107,11 @@ class ActorRolloutRefWorker(Worker):
     """
 
     def __init__(self, config: Any, role: str, **kwargs: Any) -> None:
-        super().__init__()
         if role not in ROLES:
             raise ValueError(f"ActorRolloutRefWorker role={role!r}; use one of {list(ROLES)}")
+        super().__init__(config["model"].get("external_lib"))
         self.config = config
-        self.role = role
+        self.role = self.profile_role = role
         self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
         self._is_ref = role in ("ref", "actor_rollout_ref")
@@ -284,15 +309,17 @@ class ActorRolloutRefWorker(Worker):
             self._rollout_asleep = True
 
 
-class CriticWorker(Worker):
+class CriticWorker(ProfiledWorker):
     """The value model: ``compute_values`` and ``update_critic``.
 
     Args:
         config: the ``critic`` config.
     """
 
+    profile_role = "critic"
+
     def __init__(self, config: Any, **kwargs: Any) -> None:
-        super().__init__()
+        super().__init__(config["model"].get("external_lib"))
         initialize_global_process_group()
         self.config = build_critic_config(config, dp_size=self.world_size)
         _register_meshes(self)
@@ -342,15 +369,17 @@ class CriticWorker(Worker):
         self.critic_engine.load_checkpoint(local_path)
 
 
-class RewardModelWorker(Worker):
+class RewardModelWorker(ProfiledWorker):
     """A reward model scoring whole sequences: ``rm_scores`` holds its score at the last response token.
 
     Args:
         config: the ``reward_model`` config (``model.path``, ``micro_batch_size_per_gpu``, ``model.fsdp_config``).
     """
 
+    profile_role = "rm"
+
     def __init__(self, config: Any, **kwargs: Any) -> None:
-        super().__init__()
+        super().__init__(config["model"].get("external_lib"))
         initialize_global_process_group()
         self.config = config
         _register_meshes(self)

@@ -11,8 +11,9 @@ import pytest
 from verl.trainer.config.validate import ConfigError, base_config, merged, need_critic, validate_config
 
 ROOT = Path(__file__).resolve().parents[3]
-# A small valid config: the demo's sizes (paths are not checked by validation).
+# A small valid config: the demo's sizes. Validation checks only that a local model path is a folder: any will do.
 VALID = [
+    f"actor_rollout_ref.model.path={ROOT}",
     "data.train_batch_size=8",
     "actor_rollout_ref.rollout.n=2",
     "actor_rollout_ref.actor.ppo_mini_batch_size=4",

@@ -21,7 +21,7 @@ from verl.workers.reward_manager import (
     get_reward_manager_cls,
     register,
 )
-from verl.workers.reward_manager.abstract import _align_extra
+from verl.workers.reward_manager.abstract import RewardFunctionError, _align_extra
 
 # (question, response text, ended with EOS, ground truth)
 SAMPLES = [
@@ -113,10 +113,13 @@ class TestNaive:
         [(None, "returned None"), ({"acc": 1}, "'score' is None"), (math.inf, "returned inf"), ("1", "returned '1'")],
     )
     def test_invalid_results_are_failures(self, tokenizer, make_batch, value, problem, caplog):
-        manager = NaiveRewardManager(tokenizer, 0, compute_score=lambda **kw: value, num_workers=0)
+        def score(solution_str, **kw):  # invalid for the first sample only: a batch where all fail stops the run
+            return value if solution_str == "7" else 1.0
+
+        manager = NaiveRewardManager(tokenizer, 0, compute_score=score, num_workers=0)
         with caplog.at_level(logging.WARNING):
-            out = manager(make_batch(SAMPLES[:1]), return_dict=True)
-        assert out["reward_metrics"]["reward/error_count"] == 1 and out["reward_tensor"].sum() == 0
+            out = manager(make_batch(SAMPLES[:2]), return_dict=True)
+        assert out["reward_metrics"]["reward/error_count"] == 1 and out["reward_tensor"].sum(-1).tolist() == [0, 1]
         assert problem in caplog.text
 
     def test_timeouts_are_counted(self, tokenizer, make_batch):
@@ -186,17 +189,18 @@ class TestBatch:
     @pytest.mark.parametrize(
         ("name", "message"), [("batch_short", "returned 1 values"), ("batch_raise", "RuntimeError: service down")]
     )
-    def test_a_failed_batch_call_fails_every_sample(self, tokenizer, make_batch, user_file, name, message, caplog):
+    def test_a_failed_batch_call_stops_the_run(self, tokenizer, make_batch, user_file, name, message, caplog):
+        # the batch call fails every sample: the run must stop, naming the function, its file and the failure
         manager = BatchRewardManager(tokenizer, 0, compute_score=FileFunction(user_file, name), num_workers=0)
-        with caplog.at_level(logging.WARNING):
-            out = manager(make_batch(SAMPLES), return_dict=True)
-        assert out["reward_tensor"].sum() == 0 and out["reward_metrics"]["reward/error_count"] == 3
-        assert message in caplog.text and caplog.text.count(message) == 1
+        with caplog.at_level(logging.WARNING), pytest.raises(RewardFunctionError) as info:
+            manager(make_batch(SAMPLES), return_dict=True)
+        assert f"{name} ({user_file})" in str(info.value) and "every one of the 3 samples" in str(info.value)
+        assert message in str(info.value) and caplog.text.count(message) == 1
 
-    def test_a_non_list_result_fails(self, tokenizer, make_batch):
+    def test_a_non_list_result_stops_the_run(self, tokenizer, make_batch):
         manager = BatchRewardManager(tokenizer, 0, compute_score=lambda **kw: 1.0, num_workers=0)
-        out = manager(make_batch(SAMPLES), return_dict=True)
-        assert out["reward_metrics"]["reward/error_count"] == 3
+        with pytest.raises(RewardFunctionError, match="returned float; expected a list of 3"):
+            manager(make_batch(SAMPLES), return_dict=True)
 
 
 class TestDAPO:

@@ -4,6 +4,9 @@
 per placement-group bundle, with the torch.distributed rendezvous variables set, and binds every ``@register``-ed
 method of ``MyWorker`` onto the group. A dead actor or a failing method surfaces as an error naming the group, the
 rank and the method.
+
+``split_resource_pool(pool, 2)`` gives `SubRayResourcePool` views over consecutive bundles of one pool (each its own
+worker group, e.g. one rollout replica per pair of bundles); ``merge_resource_pool`` joins two pools into one.
 """
 
 from __future__ import annotations
@@ -27,8 +30,12 @@ __all__ = [
     "RayClassWithInitArgs",
     "RayResourcePool",
     "RayWorkerGroup",
+    "SubRayResourcePool",
     "WorkerDiedError",
     "create_colocated_worker_cls",
+    "create_colocated_worker_raw_cls",
+    "merge_resource_pool",
+    "split_resource_pool",
 ]
 
 logger = logging.getLogger(__name__)
@@ -76,6 +83,8 @@ class RayResourcePool(ResourcePool):
             DEFAULT_PLACEMENT_GROUP_TIMEOUT_S if placement_group_timeout_s is None else placement_group_timeout_s
         )
         self.pgs: list[PlacementGroup] | None = None
+        self._slots: list[tuple[PlacementGroup, int]] | None = None  # set for a merged pool
+        self._owns_pgs = True  # False for views (split / merged pools): release() leaves the groups alone
 
     def uses_gpu(self) -> bool:
         """Whether bundles include a GPU (``use_gpu`` and the cluster has GPUs)."""
@@ -121,11 +130,143 @@ class RayResourcePool(ResourcePool):
         self.pgs = pgs
         return pgs
 
+    def bundle_slots(self) -> list[tuple[PlacementGroup, int]]:
+        """``(placement group, bundle index)`` of each rank, in rank order (creates the groups if needed)."""
+        if self._slots is not None:
+            return list(self._slots)
+        pgs = self.get_placement_groups()
+        counts = [c for c in self._store if c > 0]
+        return [(pg, i) for pg, count in zip(pgs, counts) for i in range(count)]
+
     def release(self) -> None:
-        """Remove the placement groups (after the worker groups on them are shut down)."""
+        """Remove the placement groups (after the worker groups on them are shut down). A split or merged pool does
+        not own its groups: releasing it does nothing; release the pools it was made from."""
+        if not self._owns_pgs:
+            return
         for pg in self.pgs or []:
             remove_placement_group(pg)
         self.pgs = None
+
+
+class SubRayResourcePool(RayResourcePool):
+    """The ranks ``start_bundle_index .. start_bundle_index + subgroup_world_size - 1`` of a pool whose placement
+    groups are ``placement_groups`` (made by :func:`split_resource_pool`; ``process_on_nodes`` is the full
+    pool's). A view: it does not own the placement groups."""
+
+    def __init__(
+        self,
+        placement_groups: list[PlacementGroup],
+        start_bundle_index: int,
+        subgroup_world_size: int,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        total = sum(self._store)
+        start, size = int(start_bundle_index), int(subgroup_world_size)
+        if start < 0 or size < 1 or start + size > total:
+            raise ValueError(
+                f"SubRayResourcePool: ranks [{start}, {start + size}) are outside the pool's {total} bundles"
+            )
+        self.pgs = list(placement_groups)
+        self.start_bundle_index = start
+        self.subgroup_world_size = size
+        self._owns_pgs = False
+
+    @property
+    def world_size(self) -> int:
+        return self.subgroup_world_size
+
+    def bundle_slots(self) -> list[tuple[PlacementGroup, int]]:
+        counts = [c for c in self._store if c > 0]
+        slots = [(pg, i) for pg, count in zip(self.pgs, counts) for i in range(count)]
+        return slots[self.start_bundle_index : self.start_bundle_index + self.subgroup_world_size]
+
+    def local_world_size_list(self) -> list[int]:
+        return [n for n, _ in _local_layout(self.bundle_slots())]
+
+    def local_rank_list(self) -> list[int]:
+        return [i for _, i in _local_layout(self.bundle_slots())]
+
+
+def _local_layout(slots: list[tuple[PlacementGroup, int]]) -> list[tuple[int, int]]:
+    """For each rank: (ranks of the same placement group — one node —, index among them)."""
+    per_pg: dict[Any, int] = {}
+    for pg, _ in slots:
+        per_pg[pg.id] = per_pg.get(pg.id, 0) + 1
+    seen: dict[Any, int] = {}
+    layout = []
+    for pg, _ in slots:
+        layout.append((per_pg[pg.id], seen.get(pg.id, 0)))
+        seen[pg.id] = seen.get(pg.id, 0) + 1
+    return layout
+
+
+def split_resource_pool(resource_pool: RayResourcePool, split_size: int | list[int]) -> list[SubRayResourcePool]:
+    """Split a pool (or a split of one) into consecutive `SubRayResourcePool` views.
+
+    ``split_size``: an int (every view that size; must divide the pool's world size) or a list of sizes summing to
+    it. The pool's placement groups are created now; the views share them.
+    """
+    world = resource_pool.world_size
+    if isinstance(split_size, int):
+        if split_size < 1 or world % split_size:
+            raise ValueError(f"split_size={split_size} must be a positive divisor of the pool's world size {world}")
+        sizes = [split_size] * (world // split_size)
+    else:
+        sizes = [int(n) for n in split_size]
+        if any(n < 1 for n in sizes) or sum(sizes) != world:
+            raise ValueError(f"split_size={list(split_size)} must be positive sizes summing to the world size {world}")
+    if resource_pool._slots is not None:
+        raise ValueError("split_resource_pool: a merged pool cannot be split; split the pools before merging them")
+    pgs = resource_pool.get_placement_groups()
+    start = resource_pool.start_bundle_index if isinstance(resource_pool, SubRayResourcePool) else 0
+    views = []
+    for i, size in enumerate(sizes):
+        views.append(
+            SubRayResourcePool(
+                placement_groups=pgs,
+                start_bundle_index=start,
+                subgroup_world_size=size,
+                process_on_nodes=resource_pool.store,
+                use_gpu=resource_pool.use_gpu,
+                name_prefix=f"{resource_pool.name_prefix}_split_{i}",
+                max_colocate_count=resource_pool.max_colocate_count,
+                detached=resource_pool.detached,
+                accelerator_type=resource_pool.accelerator_type,
+            )
+        )
+        start += size
+    return views
+
+
+def merge_resource_pool(rp1: RayResourcePool, rp2: RayResourcePool) -> RayResourcePool:
+    """One pool whose ranks are ``rp1``'s then ``rp2``'s (placement groups created now and shared; the merged pool
+    does not own them). Both must agree on ``use_gpu``, ``max_colocate_count``, ``n_gpus_per_node`` and
+    ``detached``."""
+    for attr in ("use_gpu", "max_colocate_count", "n_gpus_per_node", "detached"):
+        if getattr(rp1, attr) != getattr(rp2, attr):
+            raise ValueError(
+                f"merge_resource_pool: the pools differ in {attr} ({getattr(rp1, attr)!r} vs {getattr(rp2, attr)!r})"
+            )
+    slots = rp1.bundle_slots() + rp2.bundle_slots()
+    pgs: list[PlacementGroup] = []
+    counts: dict[Any, int] = {}
+    for pg, _ in slots:
+        if pg.id not in counts:
+            pgs.append(pg)
+            counts[pg.id] = 0
+        counts[pg.id] += 1
+    merged = RayResourcePool(
+        [counts[pg.id] for pg in pgs],
+        use_gpu=rp1.use_gpu,
+        name_prefix=f"{rp1.name_prefix}_{rp2.name_prefix}",
+        max_colocate_count=rp1.max_colocate_count,
+        detached=rp1.detached,
+        accelerator_type=rp1.accelerator_type,
+    )
+    merged.n_gpus_per_node = rp1.n_gpus_per_node
+    merged.pgs, merged._slots, merged._owns_pgs = pgs, slots, False
+    return merged
 
 
 class RayClassWithInitArgs(ClassWithInitArgs):
@@ -188,9 +329,10 @@ def _rendezvous_address() -> tuple[str, int]:
     return get_node_ip(), get_free_port()
 
 
-def _rendezvous_on(pg: PlacementGroup) -> tuple[str, int]:
-    """The IP of the node holding bundle 0 of ``pg`` and a free port there (for rank 0's process group)."""
-    node_id = ray.util.placement_group_table(pg)["bundles_to_node_id"][0]
+def _rendezvous_on(pg: PlacementGroup, bundle_index: int = 0) -> tuple[str, int]:
+    """The IP of the node holding bundle ``bundle_index`` of ``pg`` and a free port there (for rank 0's process
+    group)."""
+    node_id = ray.util.placement_group_table(pg)["bundles_to_node_id"][bundle_index]
     strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
     return ray.get(_rendezvous_address.options(scheduling_strategy=strategy).remote())
 
@@ -236,40 +378,38 @@ class RayWorkerGroup(WorkerGroup):
         self._bind_worker_method(ray_cls_with_init.user_cls)
 
     def _start_workers(self, resource_pool: RayResourcePool, cls_with_init: RayClassWithInitArgs) -> None:
-        pgs = resource_pool.get_placement_groups()
+        """One actor per bundle slot of the pool (all of a `RayResourcePool`, a range of a split one)."""
+        slots = resource_pool.bundle_slots()
         use_gpu = resource_pool.uses_gpu()
         share = 1.0 / resource_pool.max_colocate_count
-        world_size = resource_pool.world_size
-        master_addr, master_port = _rendezvous_on(pgs[0])
-        counts = [c for c in resource_pool.store if c > 0]
-        rank = 0
-        for pg_idx, (pg, local_world_size) in enumerate(zip(pgs, counts)):
-            for local_rank in range(local_world_size):
-                env_vars = {
-                    "WORLD_SIZE": str(world_size),
-                    "RANK": str(rank),
-                    "LOCAL_WORLD_SIZE": str(local_world_size),
-                    "RAY_LOCAL_WORLD_SIZE": str(local_world_size),
-                    "LOCAL_RANK": str(local_rank),
-                    "MASTER_ADDR": str(master_addr),
-                    "MASTER_PORT": str(master_port),
-                    "WG_PREFIX": self.name_prefix,
-                    "WG_BACKEND": "ray",
-                }
-                name = f"{self.name_prefix}{cls_with_init.user_cls.__name__}_{pg_idx}:{local_rank}"
-                actor = cls_with_init(
-                    pg,
-                    local_rank,
-                    use_gpu=use_gpu,
-                    num_gpus=share,
-                    num_cpus=share,
-                    env_vars=env_vars,
-                    name=name,
-                    detached=self._detached,
-                )
-                self._workers.append(actor)
-                self._worker_names.append(name)
-                rank += 1
+        master_addr, master_port = _rendezvous_on(*slots[0])
+        pg_index: dict[Any, int] = {}
+        for rank, ((pg, bundle_idx), (local_world_size, local_rank)) in enumerate(zip(slots, _local_layout(slots))):
+            pg_idx = pg_index.setdefault(pg.id, len(pg_index))
+            env_vars = {
+                "WORLD_SIZE": str(len(slots)),
+                "RANK": str(rank),
+                "LOCAL_WORLD_SIZE": str(local_world_size),
+                "RAY_LOCAL_WORLD_SIZE": str(local_world_size),
+                "LOCAL_RANK": str(local_rank),
+                "MASTER_ADDR": str(master_addr),
+                "MASTER_PORT": str(master_port),
+                "WG_PREFIX": self.name_prefix,
+                "WG_BACKEND": "ray",
+            }
+            name = f"{self.name_prefix}{cls_with_init.user_cls.__name__}_{pg_idx}:{local_rank}"
+            actor = cls_with_init(
+                pg,
+                bundle_idx,
+                use_gpu=use_gpu,
+                num_gpus=share,
+                num_cpus=share,
+                env_vars=env_vars,
+                name=name,
+                detached=self._detached,
+            )
+            self._workers.append(actor)
+            self._worker_names.append(name)
 
     @classmethod
     def from_detached(
@@ -393,26 +533,62 @@ def _role_method(role: str, name: str, func: Any) -> Any:
     return method
 
 
-def create_colocated_worker_cls(class_dict: dict[str, RayClassWithInitArgs]) -> RayClassWithInitArgs:
-    """Fuse several roles into one actor class (they then share one process and its memory).
+FusedWorkerCLSName = "FusedWorker"
 
-    The fused actor builds every role's worker in-process and exposes each registered method as
-    ``<role>_<method>``; ``RayWorkerGroup.spawn`` gives one group per role with the plain method names.
+
+def _plain_class(cls: Any) -> type:
+    """The Python class behind a ``ray.remote`` actor class (or ``cls`` itself)."""
+    return getattr(cls, "__ray_actor_class__", cls)
+
+
+def create_colocated_worker_raw_cls(class_dict: dict[str, ClassWithInitArgs]) -> type:
+    """The plain (not ``ray.remote``) `Worker` class that hosts several roles in one process.
+
+    An instance builds each role's worker in-process: ``self.worker_dict[role]`` (also ``fused_worker_dict``, and
+    the attribute ``self.<role>`` where that name is free); every role sees the others through its own
+    ``fused_worker_dict``. Each ``@register``-ed method of a role is exposed as ``<role>_<method>``, and
+    ``_fuw_execute("<role>_fwmn_<method>", ...)`` calls any method of a role (veRL's fused-worker convention).
     """
     if not class_dict:
-        raise ValueError("create_colocated_worker_cls needs at least one role")
-    roles = {role: (cia.user_cls, cia.args, cia.kwargs) for role, cia in class_dict.items()}
+        raise ValueError("create_colocated_worker_raw_cls needs at least one role")
+    roles = {role: (_plain_class(cia.cls), cia.args, cia.kwargs) for role, cia in class_dict.items()}
 
-    def __init__(self):
-        Worker.__init__(self)
-        self.worker_dict = {role: cls(*args, **kwargs) for role, (cls, args, kwargs) in roles.items()}
+    def __init__(self, *args, **kwargs):
+        Worker.__init__(self, *args, **kwargs)
+        self.worker_dict = {role: cls(*a, **kw) for role, (cls, a, kw) in roles.items()}
         self.fused_worker_dict = self.worker_dict
+        for role, worker in self.worker_dict.items():
+            worker.fused_worker_dict = self.worker_dict
+            if not hasattr(type(self), role):
+                setattr(self, role, worker)
 
-    namespace: dict[str, Any] = {"__init__": __init__, "__module__": __name__}
+    def _fuw_execute(self, method_name: str, *args, **kwargs):
+        role, sep, name = method_name.partition("_fwmn_")
+        if not sep or role not in self.worker_dict:
+            raise ValueError(
+                f"_fuw_execute: {method_name!r} must be '<role>_fwmn_<method>', role one of {sorted(self.worker_dict)}"
+            )
+        return getattr(self.worker_dict[role], name)(*args, **kwargs)
+
+    namespace: dict[str, Any] = {"__init__": __init__, "_fuw_execute": _fuw_execute, "__module__": __name__}
     for role, (cls, _, _) in roles.items():
         for name in dir(cls):
             func = getattr(cls, name, None)
             if isinstance(getattr(func, MAGIC_ATTR, None), dict):
                 namespace[f"{role}_{name}"] = _role_method(role, name, func)
     fused = type("WorkerDict_" + "_".join(roles), (Worker,), namespace)
-    return RayClassWithInitArgs(ray.remote(fused))
+    fused.is_fused_worker = True
+    fused.raw_cls_dict = {role: cls for role, (cls, _, _) in roles.items()}
+    return fused
+
+
+def create_colocated_worker_cls(class_dict: dict[str, ClassWithInitArgs]) -> RayClassWithInitArgs:
+    """Fuse several roles into one actor class (they then share one process and its memory).
+
+    The fused actor (:func:`create_colocated_worker_raw_cls`) builds every role's worker in-process and exposes
+    each registered method as ``<role>_<method>``; ``RayWorkerGroup.spawn`` gives one group per role with the plain
+    method names.
+    """
+    if not class_dict:
+        raise ValueError("create_colocated_worker_cls needs at least one role")
+    return RayClassWithInitArgs(ray.remote(create_colocated_worker_raw_cls(class_dict)))

@@ -2,13 +2,16 @@
 
 Each problem names the key, the value and the fix. Checks: keys that the schema (``ppo_trainer.yaml``) does not
 have, values of the wrong type, the config dataclasses' own validation, batch sizes that do not divide over the
-workers, and keys verl accepts but does not implement (a value without effect here logs a warning; a value whose
-meaning verl would get wrong is an error).
+workers, the rollout engine's limits (``rollout.mode``, vLLM's tensor-parallel size), the profiler, and keys verl
+accepts but does not act on (`verl.trainer.config.unread`: a value without effect here logs a warning; a value whose
+meaning verl would get wrong is an error). With ``check_environment``, also what this machine must have: the
+rollout engine's package, the local model folders and the ``model.external_lib`` modules.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import logging
 import os
 from collections.abc import Mapping
@@ -19,7 +22,9 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from verl.base_config import omega_conf_to_dataclass
 from verl.trainer.config.algorithm import SUM_PI_SQUARED_ESTIMATORS, AlgoConfig
+from verl.trainer.config.unread import report_unread
 from verl.workers.config import ActorConfig, CriticConfig, HFModelConfig, RefConfig, RolloutConfig
+from verl.workers.config.rollout import ROLLOUT_MODES
 
 __all__ = ["ConfigError", "base_config", "need_critic", "need_reference_policy", "validate_config", "world_size"]
 
@@ -28,28 +33,6 @@ logger = logging.getLogger(__name__)
 BASE_YAML = Path(__file__).with_name("ppo_trainer.yaml")
 TRAINER_MODES = ("sync", "colocate_async", "separate_async")
 IMPLEMENTED_MODES = ("sync",)
-
-# (key, default, consequence, why): keys accepted for compatibility whose other values verl does not implement.
-# "warn": the value has no effect here; "error": verl would silently do something else than the value asks.
-UNIMPLEMENTED: list[tuple[str, Any, str, str]] = [
-    ("actor_rollout_ref.actor.ulysses_sequence_parallel_size", 1, "error", "sequence parallelism is not implemented"),
-    ("critic.ulysses_sequence_parallel_size", 1, "error", "sequence parallelism is not implemented"),
-    ("actor_rollout_ref.rollout.multi_turn.enable", False, "error", "multi-turn / tool rollouts are not implemented"),
-    ("actor_rollout_ref.hybrid_engine", True, "error", "only the hybrid engine is implemented"),
-    ("reward_model.launch_reward_fn_async", False, "warn", "rewards are computed in the driver's worker pool"),
-    ("actor_rollout_ref.actor.use_torch_compile", True, "warn", "torch.compile is not used"),
-    ("actor_rollout_ref.model.use_liger", False, "warn", "Liger kernels are not used"),
-    ("actor_rollout_ref.model.use_fused_kernels", False, "warn", "fused kernels are not used"),
-    ("actor_rollout_ref.model.enable_activation_offload", False, "warn", "activation offload is not implemented"),
-    ("actor_rollout_ref.actor.checkpoint.async_save", False, "warn", "checkpoints are saved synchronously"),
-    ("trainer.esi_redundant_time", 0, "warn", "ESI expiry handling is not implemented"),
-    ("transfer_queue.enable", False, "error", "the transfer queue is not implemented"),
-    ("critic.model.lora_rank", 0, "error", "LoRA training is not supported yet"),
-    ("actor_rollout_ref.ref.ulysses_sequence_parallel_size", 1, "error", "sequence parallelism is not implemented"),
-    ("actor_rollout_ref.actor.optim.clip_grad", 1.0, "warn", "the actor clips with actor_rollout_ref.actor.grad_clip"),
-    ("critic.optim.clip_grad", 1.0, "warn", "the critic clips with critic.grad_clip"),
-    ("trainer.del_local_ckpt_after_load", False, "warn", "checkpoints are kept after loading (no remote copy)"),
-]
 
 
 class ConfigError(ValueError):
@@ -214,15 +197,90 @@ def _resume(trainer: Any, problems: list[str]) -> None:
         problems.append("trainer.default_hdfs_dir: copying checkpoints to HDFS is not supported; leave it null")
 
 
-def _unimplemented(config: Any, problems: list[str]) -> None:
-    for key, default, consequence, why in UNIMPLEMENTED:
-        value = OmegaConf.select(config, key, default=default)
-        if value == default:
+def _rollout(config: Any, problems: list[str]) -> None:
+    """``rollout.mode`` and the engines' limits, checked here so that they fail before Ray starts."""
+    rollout = config.actor_rollout_ref.rollout
+    if rollout.mode not in ROLLOUT_MODES:
+        problems.append(
+            f"actor_rollout_ref.rollout.mode={rollout.mode!r}: use async (veRL's default) or sync; both take the "
+            "same generation path here"
+        )
+    tp = rollout.tensor_model_parallel_size
+    if rollout.name == "vllm" and tp != 1:
+        problems.append(
+            f"actor_rollout_ref.rollout.name=vllm with actor_rollout_ref.rollout.tensor_model_parallel_size={tp}: "
+            "the in-process vLLM engine runs one engine per training rank (tensor parallel size 1); set "
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=1"
+        )
+    elif rollout.name == "hf" and tp != 1:
+        logger.warning(
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=%r has no effect here: the hf engine does not shard "
+            "generation (each training rank generates its own share); set it to 1 to silence this warning",
+            tp,
+        )
+
+
+def _profiler(config: Any, problems: list[str]) -> None:
+    profiler = config.get("global_profiler") or {}
+    tool = profiler.get("tool")
+    if tool is not None and tool != "torch":
+        problems.append(
+            f"global_profiler.tool={tool!r}: only tool=torch is available here (torch.profiler over the steps in "
+            "global_profiler.steps); use global_profiler.tool=torch or null"
+        )
+    steps = profiler.get("steps")
+    if steps is not None and (
+        not isinstance(steps, ListConfig | list) or any(isinstance(s, bool) or not isinstance(s, int) for s in steps)
+    ):
+        problems.append(f"global_profiler.steps={steps!r} must be null or a list of step numbers, e.g. [1, 5]")
+
+
+def _looks_local(path: str) -> bool:
+    """A path rather than a Hugging Face hub id such as ``Qwen/Qwen2.5-0.5B``."""
+    return os.path.isabs(path) or path in (".", "..") or path.startswith(("~", "./", "../"))
+
+
+def _local_paths(config: Any, problems: list[str]) -> None:
+    """Local-looking model and tokenizer paths must be folders (a hub id is left to the loader)."""
+    keys = ["actor_rollout_ref.model.path", "actor_rollout_ref.model.tokenizer_path"]
+    if need_critic(config):
+        keys.append("critic.model.path")
+    if config.reward_model.enable:
+        keys.append("reward_model.model.path")
+    seen = set()
+    for key in keys:
+        value = OmegaConf.select(config, key, default=None)
+        if not isinstance(value, str) or not value or value in seen:
             continue
-        if consequence == "error":
-            problems.append(f"{key}={value!r}: {why}; leave it at {default!r}")
-        else:
-            logger.warning("%s=%r has no effect here: %s", key, value, why)
+        seen.add(value)
+        if _looks_local(value) and not os.path.isdir(os.path.expanduser(value)):
+            problems.append(f"{key}={value!r}: no such directory; give the path of an existing local model folder")
+
+
+def _external_libs(config: Any, problems: list[str]) -> None:
+    """Every ``model.external_lib`` of a role that runs must name an importable module."""
+    keys = ["actor_rollout_ref.model.external_lib"]
+    if need_critic(config):
+        keys.append("critic.model.external_lib")
+    if config.reward_model.enable:
+        keys.append("reward_model.model.external_lib")
+    seen = set()
+    for key in keys:
+        value = OmegaConf.select(config, key, default=None)
+        names = [value] if isinstance(value, str) else list(value) if isinstance(value, ListConfig | list) else None
+        if value is not None and (names is None or not all(isinstance(n, str) and n for n in names)):
+            problems.append(f"{key}={value!r} must be a module name or a list of module names")
+            continue
+        for name in names or []:
+            if name in seen:
+                continue
+            seen.add(name)
+            try:
+                found = importlib.util.find_spec(name) is not None
+            except (ImportError, ValueError):  # a missing parent package
+                found = False
+            if not found:
+                problems.append(f"{key}={name!r}: no module named {name!r}; install it or fix the module name")
 
 
 def _rollout_engine(config: Any, problems: list[str]) -> None:
@@ -261,18 +319,22 @@ def _estimator(config: Any, problems: list[str]) -> None:
 
 def validate_config(config: DictConfig, check_environment: bool = True) -> None:
     """Raise `ConfigError` listing every problem of ``config`` (a composed trainer config). ``check_environment``:
-    also check that this environment can run it (the rollout engine's package is installed); off to check a config
-    meant for another machine."""
+    also check that this environment can run it (the rollout engine's package is installed, local model paths are
+    folders, ``model.external_lib`` modules import); off to check a config meant for another machine. Keys accepted
+    but not acted on log a warning when set (see `verl.trainer.config.unread`)."""
     problems: list[str] = []
-    _walk(config, base_config(), "", problems)
+    base = base_config()
+    _walk(config, base, "", problems)
     if problems:  # unknown keys / wrong types: the rest would only repeat them
         raise ConfigError(problems)
     resolved = OmegaConf.to_container(config, resolve=True)
     cfg = OmegaConf.create(resolved)
     arr = cfg.actor_rollout_ref
     _dataclass_problem(lambda: omega_conf_to_dataclass(arr.model, HFModelConfig), "actor_rollout_ref.model", problems)
+    # a bad rollout.mode is reported by _rollout; check the rest of the rollout section as if it were async
+    rollout_cfg = arr.rollout if arr.rollout.mode in ROLLOUT_MODES else OmegaConf.merge(arr.rollout, {"mode": "async"})
     rollout = _dataclass_problem(
-        lambda: omega_conf_to_dataclass(arr.rollout, RolloutConfig), "actor_rollout_ref.rollout", problems
+        lambda: omega_conf_to_dataclass(rollout_cfg, RolloutConfig), "actor_rollout_ref.rollout", problems
     )
     n = rollout.n if rollout is not None else 1
     workers = max(world_size(cfg), 1)
@@ -294,10 +356,14 @@ def validate_config(config: DictConfig, check_environment: bool = True) -> None:
     _dataclass_problem(lambda: omega_conf_to_dataclass(cfg.algorithm, AlgoConfig), "algorithm", problems)
     _sizes(cfg, problems)
     _trainer(cfg, problems)
-    _unimplemented(cfg, problems)
+    _rollout(cfg, problems)
+    _profiler(cfg, problems)
+    report_unread(config, problems, base)
     _estimator(cfg, problems)
     if check_environment:
         _rollout_engine(cfg, problems)
+        _local_paths(cfg, problems)
+        _external_libs(cfg, problems)
     if problems:
         raise ConfigError(problems)
 

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from verl.protocol import DataProto
+from verl.utils.metric import reduce_metrics  # re-exported here, veRL's older import path
 
 __all__ = [
     "bootstrap_metric",
@@ -22,23 +23,6 @@ __all__ = [
     "process_validation_metrics",
     "reduce_metrics",
 ]
-
-
-def reduce_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """Lists of per-worker / per-mini-batch values → one number each: max for keys containing "max", min for
-    "min", the mean otherwise."""
-    out = {}
-    for key, values in metrics.items():
-        array = np.asarray(values if isinstance(values, list | tuple | np.ndarray) else [values], dtype=np.float64)
-        if array.size == 0:
-            continue
-        if "max" in key:
-            out[key] = float(np.max(array))
-        elif "min" in key:
-            out[key] = float(np.min(array))
-        else:
-            out[key] = float(np.mean(array))
-    return out
 
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:

@@ -2,8 +2,16 @@
 
 ``fit()`` runs one step per training batch: a rollout (``_rollout``: gen → gen_max → reward; several with DAPO's
 dynamic sampling) and an update (``_finish_step``: old_log_prob → ref → values → adv → update_critic →
-update_actor → update_weights → testing → save_checkpoint). Each stage is a short method timed under veRL's timer
-name (``timing_s/<name>``), all inside ``step``.
+update_actor → update_weights → testing → save_checkpoint). Each stage is timed under veRL's timer name
+(``timing_s/<name>``), all inside ``step``.
+
+A recipe's own ``fit()`` (a subclass, written in veRL's recipe style) finds veRL's helpers here with veRL's
+arguments and return values, and the stages of our ``fit()`` are built on the same helpers: ``_get_gen_batch``,
+``async_rollout_manager.generate_sequences``, ``_compute_or_extract_reward``, ``_balance_batch(batch, metrics)``,
+``_compute_old_log_prob`` → ``(DataProto, mfu)``, ``_compute_ref_log_prob`` / ``_compute_values`` /
+``_update_critic`` / ``_update_actor`` → ``DataProto``, ``checkpoint_manager.update_weights()`` /
+``sleep_replicas()``, ``_validate()``, ``_save_checkpoint()`` / ``_load_checkpoint()``, ``_start_profiling`` /
+``_stop_profiling``, ``_log_rollout_data`` and ``_dump_generations``.
 """
 
 from __future__ import annotations
@@ -16,13 +24,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from codetiming import Timer
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
+from verl.experimental.dataset.sampler import AbstractCurriculumSampler
+from verl.protocol import DataProto
 from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup, create_colocated_worker_cls
 from verl.single_controller.ray.base import WorkerDiedError
-from verl.trainer.ppo.core_algos import compute_pf_ppo_reweight_data, get_kl_controller
+from verl.trainer.ppo.core_algos import AdvantageEstimator, compute_pf_ppo_reweight_data, get_kl_controller
 from verl.trainer.ppo.dynamic_sampling import StepState, accumulate_groups
 from verl.trainer.ppo.metric_utils import (
     compute_data_metrics,
@@ -30,38 +38,43 @@ from verl.trainer.ppo.metric_utils import (
     compute_timing_metrics,
     reduce_metrics,
 )
-from verl.trainer.ppo.reward import compute_reward, compute_reward_with_metrics
+from verl.trainer.ppo.reward import compute_reward_with_metrics
 from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode, compute_rollout_correction_and_add_to_batch
+from verl.trainer.ppo.rollout_manager import CheckpointManager, RolloutManager
 from verl.trainer.ppo.trainer_checkpoint import load_trainer_checkpoint, save_trainer_checkpoint
 from verl.trainer.ppo.utils import (
     ResourcePoolManager,
     Role,
     apply_kl_penalty,
+    check_ref_worker,
     compute_advantage,
+    compute_response_mask,
     need_critic,
     need_reference_policy,
 )
 from verl.trainer.ppo.validation import ValidationSamples, decode_batch, dump_generations, ground_truths
+from verl.utils.import_utils import import_external_libs
+from verl.utils.profiler import marked_timer
+from verl.utils.rollout_skip import RolloutSkip
 from verl.utils.seqlen_balancing import balance_batch
 from verl.utils.tracking import Tracking, ValidationGenerationsLogger
 
-__all__ = ["RayPPOTrainer", "ResourcePoolManager", "Role", "apply_kl_penalty", "compute_advantage"]
+__all__ = [
+    "AdvantageEstimator",
+    "RayPPOTrainer",
+    "ResourcePoolManager",
+    "Role",
+    "apply_kl_penalty",
+    "compute_advantage",
+    "compute_response_mask",
+    "marked_timer",
+]
 
 logger = logging.getLogger(__name__)
 
-
-def marked_timer(name: str, timing_raw: dict[str, float]) -> Timer:
-    """A codetiming timer that records its seconds under ``timing_raw[name]`` (silently)."""
-    timer = Timer(name=name, logger=None)
-    original_stop = timer.stop
-
-    def stop() -> float:
-        seconds = original_stop()
-        timing_raw[name] = timing_raw.get(name, 0.0) + seconds
-        return seconds
-
-    timer.stop = stop
-    return timer
+# non-tensor keys the reward needs; _get_gen_batch leaves them in the batch (veRL's set)
+REWARD_KEYS = ("data_source", "reward_model", "extra_info", "uid")
+PROMPT_TENSORS = ("input_ids", "attention_mask", "position_ids")
 
 
 class RayPPOTrainer:
@@ -93,6 +106,8 @@ class RayPPOTrainer:
         device_name: str | None = None,
     ) -> None:
         self.config = OmegaConf.create(OmegaConf.to_container(config, resolve=True))
+        # what model.external_lib registers (estimators run here, on the driver) must exist in this process too
+        import_external_libs(self.config.actor_rollout_ref.model.get("external_lib"))
         self.tokenizer = tokenizer
         self.processor = processor
         self.role_worker_mapping = role_worker_mapping
@@ -102,6 +117,14 @@ class RayPPOTrainer:
         self.use_critic = need_critic(self.config)
         self.use_reference_policy = need_reference_policy(self.config)
         self.use_rm = bool(self.config.reward_model.enable)
+        # the reference policy runs inside the actor's workers (role actor_rollout_ref): ref_policy_wg is that group
+        self.ref_in_actor = self.use_reference_policy
+        self.async_rollout_mode = self.config.actor_rollout_ref.rollout.get("mode", "async") == "async"
+        self.global_steps = 0
+        self._current_epoch: int | None = None  # set by fit(); a recipe's own fit() falls back to veRL's rule
+        profiler = self.config.get("global_profiler") or {}
+        self._profile_steps = set(profiler.get("steps") or []) if profiler.get("tool") else set()
+        self._profile_continuous = bool(profiler.get("profile_continuous_steps", False))
         algo = self.config.algorithm
         self.kl_ctrl_in_reward = get_kl_controller(algo.kl_ctrl) if algo.use_kl_in_reward else None
         correction = algo.get("rollout_correction") or {}
@@ -160,6 +183,7 @@ class RayPPOTrainer:
         self.resource_pool_manager.create_resource_pool()
         pool_classes: dict[Any, dict[str, RayClassWithInitArgs]] = defaultdict(dict)
         arr_role = Role.ActorRolloutRef if Role.ActorRolloutRef in self.role_worker_mapping else Role.ActorRollout
+        check_ref_worker(self.role_worker_mapping, arr_role)
         pool = self.resource_pool_manager.get_resource_pool(arr_role)
         role_name = "actor_rollout_ref" if self.use_reference_policy else "actor_rollout"
         pool_classes[pool]["actor_rollout"] = RayClassWithInitArgs(
@@ -183,73 +207,104 @@ class RayPPOTrainer:
         self.critic_wg = groups.get("critic")
         self.rm_wg = groups.get("rm")
         self.actor_rollout_wg = groups["actor_rollout"]
+        self.ref_policy_wg = self.actor_rollout_wg if self.use_reference_policy else None
         for wg in (self.critic_wg, self.rm_wg):  # the rollout last: it sizes its memory after the others
             if wg is not None:
                 wg.init_model()
         self.actor_rollout_wg.init_model()
+        self.async_rollout_manager = RolloutManager(self.actor_rollout_wg, self.tokenizer, lambda: self.global_steps)
+        self.checkpoint_manager = CheckpointManager(self.actor_rollout_wg)
+        if self.config.actor_rollout_ref.rollout.get("skip_rollout", False):
+            RolloutSkip(self.config, self.actor_rollout_wg).wrap_generate_sequences()
 
     # ------------------------------------------------------------------ stages
-    def _gen_batch(self, batch: DataProto, n: int, validate: bool = False, do_sample: bool = True) -> DataProto:
-        """The prompts, repeated ``n`` times, with the indices that seed each sample (prompt row, sample number)."""
-        keys = [k for k in ("input_ids", "attention_mask", "position_ids") if k in batch.batch.keys()]
-        gen = batch.select(batch_keys=keys, non_tensor_batch_keys=[], meta_info_keys=[])
+    def _get_gen_batch(self, batch: DataProto) -> DataProto:
+        """Pop the prompts' tensors and every non-tensor key the reward does not need (``data_source``,
+        ``reward_model``, ``extra_info``, ``uid`` stay) out of ``batch`` and return them, with ``prompt_index``
+        (the row; it seeds each sample) — veRL's helper: ``_get_gen_batch(batch).repeat(n)`` is what
+        ``async_rollout_manager.generate_sequences`` takes, and its output is ``union``-ed into
+        ``batch.repeat(n)``."""
+        keys = [k for k in PROMPT_TENSORS if k in batch.batch.keys()]
+        other = [k for k in batch.non_tensor_batch if k not in REWARD_KEYS]
+        gen = batch.pop(batch_keys=keys, non_tensor_batch_keys=other)
         gen.batch["prompt_index"] = torch.arange(len(gen))
-        gen = gen.repeat(n, interleave=True)
-        gen.batch["sample_index"] = torch.arange(n).repeat(len(batch))
-        gen.meta_info.update(
-            eos_token_id=self.tokenizer.eos_token_id,
-            pad_token_id=self.tokenizer.pad_token_id,
-            global_steps=self.global_steps,
-            n=1,
-            validate=validate,
-        )
-        if not do_sample:
-            gen.meta_info["do_sample"] = False
+        if self.async_rollout_mode:  # as veRL: an agent loop sees the reward's inputs too
+            gen.non_tensor_batch.update(batch.non_tensor_batch)
         return gen
 
     def _generate(
         self, batch: DataProto, n: int | None = None, validate: bool = False, do_sample: bool = True
     ) -> DataProto:
         """Generate ``n`` responses per prompt (greedy without ``do_sample``); returns the prompts' rows repeated
-        ``n`` times joined with them, and the workers' generation metrics in ``meta_info["generation_metrics"]``."""
+        ``n`` times joined with them, and ``meta_info["generation"]``: the generation's ``timing`` and its workers'
+        ``metrics``. ``batch`` itself is left as it was."""
         n = n or self.config.actor_rollout_ref.rollout.n
-        gen = self._gen_batch(batch, n, validate, do_sample)
-        # a validation set need not divide over the workers: pad with copies of its first rows, drop them after
-        gen, pad = pad_dataproto_to_divisor(gen, self.actor_rollout_wg.world_size)
-        output = unpad_dataproto(self.actor_rollout_wg.generate_sequences(gen), pad)
-        generation_metrics = reduce_metrics(output.meta_info.get("metrics", {}))
-        output.meta_info = {}
-        output.pop(batch_keys=[k for k in ("prompt_index", "sample_index") if k in output.batch.keys()])
-        batch = batch.repeat(n, interleave=True)
-        batch.pop(batch_keys=["input_ids", "attention_mask", "position_ids"])
-        batch = batch.union(output)
-        batch.meta_info["generation_metrics"] = generation_metrics
+        batch = batch.select(batch_keys=list(batch.batch.keys()))  # a shallow copy: _get_gen_batch pops from it
+        gen = self._get_gen_batch(batch)
+        gen.meta_info.update(validate=validate)
+        if not do_sample:
+            gen.meta_info["do_sample"] = False
+        output = self.async_rollout_manager.generate_sequences(gen.repeat(n, interleave=True))
+        generation, output.meta_info = output.meta_info, {}
+        batch = batch.repeat(n, interleave=True).union(output)
+        batch.meta_info["generation"] = generation
         return batch
 
     def _compute_reward_baselines(self, prompts: DataProto, batch: DataProto) -> None:
         """ReMax's baseline: the reward of one greedy response per prompt, as ``reward_baselines`` of its samples."""
         greedy = self._generate(prompts, n=1, do_sample=False)
-        scores, _ = compute_reward(greedy, self.reward_fn)
+        scores = self._compute_or_extract_reward(greedy, self.reward_fn, sum_reward=True)[0]
         n = len(batch) // len(prompts)
-        batch.batch["reward_baselines"] = scores.sum(-1).repeat_interleave(n)
+        batch.batch["reward_baselines"] = scores.repeat_interleave(n)
+
+    def _compute_or_extract_reward(
+        self, batch: DataProto, reward_fn: Any = None, return_dict: bool = False, sum_reward: bool = False
+    ) -> Any:
+        """veRL's helper: the reward of ``batch``, read from ``rm_scores`` when present (a reward model scored it),
+        else computed by ``reward_fn`` (default: the training reward function).
+
+        Returns ``{"reward_tensor", "reward_extra_info", "reward_metrics"}`` with ``return_dict``, else
+        ``(reward_tensor, reward_extra_infos_dict)``; ``sum_reward`` sums the tensor over tokens (one score per
+        sample)."""
+        if "rm_scores" in batch.batch.keys():
+            keys = batch.meta_info.get("reward_extra_keys", [])
+            tensor, extra, metrics = batch.batch["rm_scores"], {k: list(batch.non_tensor_batch[k]) for k in keys}, {}
+        else:
+            tensor, extra, metrics = compute_reward_with_metrics(batch, reward_fn or self.reward_fn)
+        if sum_reward:
+            tensor = tensor.sum(-1)
+        if return_dict:
+            return {"reward_tensor": tensor, "reward_extra_info": extra, "reward_metrics": metrics}
+        return tensor, extra
 
     def _compute_reward(self, batch: DataProto) -> dict[str, Any]:
         if self.use_rm:
             batch = batch.union(self.rm_wg.compute_rm_score(batch))
-        reward_tensor, extra, metrics = compute_reward_with_metrics(batch, self.reward_fn)
-        batch.batch["token_level_scores"] = reward_tensor
-        extra = {key: values for key, values in extra.items() if len(values) == len(batch)}
+        result = self._compute_or_extract_reward(batch, self.reward_fn, return_dict=True)
+        batch.batch["token_level_scores"] = result["reward_tensor"]
+        extra = {key: values for key, values in result["reward_extra_info"].items() if len(values) == len(batch)}
         for key, values in extra.items():
             batch.non_tensor_batch[key] = np.asarray(values, dtype=object)
         batch.meta_info["reward_extra_keys"] = list(extra)
-        return reduce_metrics(metrics)
+        return reduce_metrics(result["reward_metrics"])
 
-    def _compute_old_log_prob(self, batch: DataProto) -> dict[str, Any]:
-        """``old_log_probs`` from the actor; then, with ``algorithm.rollout_correction.rollout_is`` / ``rollout_rs``,
+    def _balance_batch(self, batch: DataProto, metrics: dict[str, Any], logging_prefix: str = "global_seqlen") -> None:
+        """Reorder ``batch`` in place so each data-parallel rank gets a similar token total; adds
+        ``<logging_prefix>/*`` to ``metrics`` (veRL's helper)."""
+        _, balance_metrics = balance_batch(batch, self.actor_rollout_wg.world_size, prefix=logging_prefix)
+        metrics.update(balance_metrics)
+
+    def _compute_old_log_prob(self, batch: DataProto) -> tuple[DataProto, float]:
+        """The actor's ``old_log_probs`` and ``entropys`` of ``batch`` (metrics in ``meta_info["metrics"]``), and
+        the MFU — veRL's helper. MFU is not measured here: 0.0, as from veRL's legacy workers."""
+        return self.actor_rollout_wg.compute_log_prob(batch), 0.0
+
+    def _old_log_prob_stage(self, batch: DataProto) -> dict[str, Any]:
+        """``old_log_probs`` into the batch; then, with ``algorithm.rollout_correction.rollout_is`` / ``rollout_rs``,
         the IS weights and the rejection mask against the rollout engine's log-probs."""
-        out = self.actor_rollout_wg.compute_log_prob(batch)
+        out, _ = self._compute_old_log_prob(batch)
         metrics = reduce_metrics(out.meta_info.pop("metrics", {}))
-        out.pop(batch_keys=["entropys"])
+        out.pop(batch_keys=[k for k in ("entropys",) if k in out.batch.keys()])
         batch.union(out)
         if self.rollout_correction:
             _, correction_metrics = compute_rollout_correction_and_add_to_batch(
@@ -258,11 +313,13 @@ class RayPPOTrainer:
             metrics.update(correction_metrics)
         return metrics
 
-    def _compute_ref_log_prob(self, batch: DataProto) -> None:
-        batch.union(self.actor_rollout_wg.compute_ref_log_prob(batch))
+    def _compute_ref_log_prob(self, batch: DataProto) -> DataProto:
+        """``ref_log_prob`` of ``batch`` from the reference policy (veRL's helper)."""
+        return self.ref_policy_wg.compute_ref_log_prob(batch)
 
-    def _compute_values(self, batch: DataProto) -> None:
-        batch.union(self.critic_wg.compute_values(batch))
+    def _compute_values(self, batch: DataProto) -> DataProto:
+        """The critic's ``values`` of ``batch`` (veRL's helper)."""
+        return self.critic_wg.compute_values(batch)
 
     def _compute_advantage(self, batch: DataProto) -> dict[str, Any]:
         algo = self.config.algorithm
@@ -290,24 +347,44 @@ class RayPPOTrainer:
         generator = torch.Generator().manual_seed(seed)
         return compute_pf_ppo_reweight_data(batch, pf.reweight_method, pf.weight_pow, generator=generator)
 
-    def _update_critic(self, batch: DataProto) -> dict[str, Any]:
-        return reduce_metrics(self.critic_wg.update_critic(batch).meta_info["metrics"])
+    def _update_critic(self, batch: DataProto) -> DataProto:
+        """One critic update on ``batch``; its metrics are in ``meta_info["metrics"]`` (veRL's helper)."""
+        return self.critic_wg.update_critic(batch)
 
-    def _update_actor(self, batch: DataProto) -> dict[str, Any]:
+    def _update_actor(self, batch: DataProto) -> DataProto:
+        """One actor update on ``batch``; its metrics are in ``meta_info["metrics"]`` (veRL's helper)."""
         batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
-        return reduce_metrics(self.actor_rollout_wg.update_actor(batch).meta_info["metrics"])
+        return self.actor_rollout_wg.update_actor(batch)
 
-    def _update_weights(self) -> dict[str, Any]:
-        stats = self.actor_rollout_wg.update_weights()
-        return reduce_metrics({k: [s[k] for s in stats] for k in stats[0]}) if stats else {}
-
-    def _save_checkpoint(self, epoch: int) -> str:
-        """Atomically write ``global_step_<N>`` (see :mod:`verl.trainer.ppo.trainer_checkpoint`)."""
+    def _save_checkpoint(self, epoch: int | None = None) -> str:
+        """Atomically write ``global_step_<N>`` (see :mod:`verl.trainer.ppo.trainer_checkpoint`). ``epoch``
+        defaults to the epoch ``fit()`` is in (in a recipe's own ``fit()``: ``global_steps // len(dataloader)``,
+        veRL's rule)."""
+        if epoch is None:
+            epoch = self._current_epoch
+        if epoch is None:
+            epoch = self.global_steps // len(self.train_dataloader)
         return save_trainer_checkpoint(self, epoch)
 
     def _load_checkpoint(self) -> int:
-        """Resume per ``trainer.resume_mode``; returns the epoch to continue from."""
+        """Resume per ``trainer.resume_mode`` (sets ``global_steps``); returns the epoch to continue from."""
         return load_trainer_checkpoint(self)
+
+    def _start_profiling(self, do_profile: bool) -> None:
+        """Start the torch profiler of every worker group (``global_profiler``) when ``do_profile``."""
+        if do_profile:
+            save_path = (self.config.get("global_profiler") or {}).get("save_path") or "outputs/profile"
+            for wg in self._worker_groups():
+                wg.start_profile(profile_step=self.global_steps, save_path=save_path)
+
+    def _stop_profiling(self, do_profile: bool) -> None:
+        """Stop the profilers started by :meth:`_start_profiling` and write their traces."""
+        if do_profile:
+            for wg in self._worker_groups():
+                wg.stop_profile()
+
+    def _worker_groups(self) -> list[Any]:
+        return [wg for wg in (self.actor_rollout_wg, self.critic_wg, self.rm_wg) if wg is not None]
 
     def _validate(self) -> dict[str, float]:
         """Generate ``val_kwargs.n`` responses per validation prompt with ``val_kwargs`` sampling, score them with
@@ -324,7 +401,7 @@ class RayPPOTrainer:
             first = len(samples.uids) // n
             batch.non_tensor_batch["uid"] = np.array([f"val-{first + i}" for i in range(len(batch))], dtype=object)
             batch = self._generate(batch, n=n, validate=True)
-            samples.add(self.tokenizer, batch, *compute_reward(batch, self.val_reward_fn))
+            samples.add(self.tokenizer, batch, *self._compute_or_extract_reward(batch, self.val_reward_fn))
         if trainer.log_val_generations > 0:
             picked = samples.pick(trainer.log_val_generations)
             self.generations_logger.log(self._logger_names(), picked, self.global_steps)
@@ -332,14 +409,37 @@ class RayPPOTrainer:
             samples.dump(trainer.validation_data_dir, self.global_steps)
         return samples.metrics()
 
-    def _dump_rollout(self, batch: DataProto) -> None:
-        """Write the step's generations, scores and reward extra info to ``trainer.rollout_data_dir``."""
-        inputs, outputs = decode_batch(self.tokenizer, batch)
+    def _log_rollout_data(
+        self,
+        batch: DataProto,
+        reward_extra_infos_dict: dict[str, Any],
+        timing_raw: dict[str, float],
+        rollout_data_dir: str,
+    ) -> None:
+        """Write the step's generations, scores and ``reward_extra_infos_dict`` to ``rollout_data_dir``, timed as
+        ``dump_rollout_generations`` (veRL's helper)."""
+        with marked_timer("dump_rollout_generations", timing_raw):
+            inputs, outputs = decode_batch(self.tokenizer, batch)
+            scores = batch.batch["token_level_scores"].sum(-1).tolist()
+            self._dump_generations(
+                inputs, outputs, ground_truths(batch), scores, reward_extra_infos_dict, rollout_data_dir
+            )
+
+    def _dump_generations(
+        self,
+        inputs: list[str],
+        outputs: list[str],
+        gts: list[Any],
+        scores: list[float],
+        reward_extra_infos_dict: dict[str, Any],
+        dump_path: str,
+    ) -> str:
+        """``<dump_path>/<global_steps>.jsonl``, one line per sample (veRL's helper); returns the file."""
+        return dump_generations(dump_path, self.global_steps, inputs, outputs, gts, scores, reward_extra_infos_dict)
+
+    def _reward_extra_infos(self, batch: DataProto) -> dict[str, Any]:
         keys = batch.meta_info.get("reward_extra_keys", [])
-        extra = {key: batch.non_tensor_batch[key] for key in keys if key in batch.non_tensor_batch}
-        scores = batch.batch["token_level_scores"].sum(-1).tolist()
-        folder = self.config.trainer.rollout_data_dir
-        dump_generations(folder, self.global_steps, inputs, outputs, ground_truths(batch), scores, extra)
+        return {key: batch.non_tensor_batch[key] for key in keys if key in batch.non_tensor_batch}
 
     def _logger_names(self) -> list[str]:
         names = self.config.trainer.logger
@@ -380,6 +480,7 @@ class RayPPOTrainer:
         step: StepState | None = None
         try:
             for epoch in range(start_epoch, trainer.total_epochs):
+                self._current_epoch = epoch
                 for batch_dict in self.train_dataloader:
                     step = step or self._begin_step(epoch)
                     batch = self._rollout(DataProto.from_single_dict(batch_dict), epoch, step)
@@ -388,6 +489,7 @@ class RayPPOTrainer:
                         if batch is None:
                             continue
                     metrics = self._finish_step(batch, epoch, workers, step)
+                    self._data_hooks(batch)
                     step = None
                     tracker.log(metrics, step=self.global_steps)
                     progress.update(1)
@@ -421,7 +523,28 @@ class RayPPOTrainer:
         step = StepState(metrics={"training/global_step": self.global_steps, "training/epoch": epoch})
         step.timer = marked_timer("step", step.timing)
         step.timer.start()
+        if self._profile_edge(self.global_steps, -1):
+            with self._stage("start_profile", step.timing):
+                self._start_profiling(True)
         return step
+
+    def _profile_edge(self, step: int, neighbour: int) -> bool:
+        """Whether the profiler starts (``neighbour=-1``) or stops (``+1``) at ``step``: at every step of
+        ``global_profiler.steps``, or with ``profile_continuous_steps`` only where a run of consecutive steps begins
+        or ends (one trace for the run)."""
+        if step not in self._profile_steps:
+            return False
+        return not self._profile_continuous or step + neighbour not in self._profile_steps
+
+    def _data_hooks(self, batch: DataProto) -> None:
+        """veRL's data hooks after a trained step: a curriculum sampler's ``update(batch)`` and the dataset's
+        ``on_batch_end(batch)``."""
+        sampler = getattr(self.train_dataloader, "sampler", None)
+        if isinstance(sampler, AbstractCurriculumSampler):
+            sampler.update(batch=batch)
+        on_batch_end = getattr(self.train_dataset, "on_batch_end", None)
+        if callable(on_batch_end):
+            on_batch_end(batch=batch)
 
     def _rollout(self, batch: DataProto, epoch: int, step: StepState) -> DataProto:
         """Generate ``rollout.n`` responses per prompt (and ReMax's greedy baseline) and score them."""
@@ -431,7 +554,9 @@ class RayPPOTrainer:
         prompts = batch
         with self._stage("gen", timing):
             batch = self._generate(prompts)
-        metrics.update(batch.meta_info.pop("generation_metrics"))
+        generation = batch.meta_info.pop("generation")
+        timing.update(generation["timing"])
+        metrics.update(generation["metrics"])
         if self.config.algorithm.adv_estimator == "remax":
             with self._stage("gen_max", timing):
                 self._compute_reward_baselines(prompts, batch)
@@ -454,34 +579,36 @@ class RayPPOTrainer:
                 apply_bypass_mode(batch)
             else:
                 with self._stage("old_log_prob", timing):
-                    metrics.update(self._compute_old_log_prob(batch))
+                    metrics.update(self._old_log_prob_stage(batch))
             if self.use_reference_policy:
                 with self._stage("ref", timing):
-                    self._compute_ref_log_prob(batch)
+                    batch.union(self._compute_ref_log_prob(batch))
             if self.use_critic:
                 with self._stage("values", timing):
-                    self._compute_values(batch)
+                    batch.union(self._compute_values(batch))
             with self._stage("adv", timing):
                 metrics.update(self._compute_advantage(batch))
                 if self.config.algorithm.use_pf_ppo:
                     batch = self._pf_ppo_resample(batch)
             if trainer.rollout_data_dir:
-                with self._stage("dump_rollout_generations", timing):
-                    self._dump_rollout(batch)
+                self._log_rollout_data(batch, self._reward_extra_infos(batch), timing, trainer.rollout_data_dir)
             if self.use_critic:
                 with self._stage("update_critic", timing):
-                    metrics.update(self._update_critic(batch))
+                    metrics.update(reduce_metrics(self._update_critic(batch).meta_info["metrics"]))
             if trainer.critic_warmup <= self.global_steps:
                 with self._stage("update_actor", timing):
-                    metrics.update(self._update_actor(batch))
+                    metrics.update(reduce_metrics(self._update_actor(batch).meta_info["metrics"]))
                 with self._stage("update_weights", timing):
-                    metrics.update(self._update_weights())
+                    metrics.update(self.checkpoint_manager.update_weights())
             if trainer.test_freq > 0 and (last or self.global_steps % trainer.test_freq == 0):
                 with self._stage("testing", timing):
                     metrics.update(self._validate())
             if trainer.save_freq > 0 and (last or self.global_steps % trainer.save_freq == 0):
                 with self._stage("save_checkpoint", timing):
                     self._save_checkpoint(epoch)
+            if self._profile_edge(self.global_steps, +1):
+                with self._stage("stop_profile", timing):
+                    self._stop_profiling(True)
         metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughout_metrics(batch, timing, workers))

@@ -9,7 +9,11 @@ Config keys read (veRL's names; defaults in brackets):
   ``reward_manager.name``);
 - ``custom_reward_function.path`` [null] / ``.name`` [compute_score] / ``.reward_kwargs`` [{}]: a user's
   ``compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float | dict``; without a
-  path, :func:`verl.utils.reward_score.default_compute_score` scores by ``data_source``;
+  path, :func:`verl.utils.reward_score.default_compute_score` scores by ``data_source``. The function gets only the
+  keywords it declares; a ``reward_kwargs`` key it does not declare is an error at start-up;
+- ``reward_model.reward_kwargs`` [{}]: keywords for the manager (those its constructor declares, e.g. the dapo
+  manager's ``max_resp_len``) or, for the built-in managers, for every ``compute_score`` call (veRL scripts give
+  them as ``+reward_model.reward_kwargs.<key>=<value>``);
 - ``data.reward_fn_key`` [data_source], ``data.max_response_length`` [512] (dapo);
 - ``reward_model.overlong_buffer.{enable, len, penalty_factor, log}`` [off] (dapo);
 - ``reward_model.timeout_s`` [30]: per-sample limit, in seconds, on one ``compute_score`` call (null or ≤ 0: none);
@@ -26,6 +30,7 @@ from typing import Any
 import torch
 
 from verl.protocol import DataProto
+from verl.utils.py_functional import rejected_kwargs
 from verl.utils.reward_score.custom import FileFunction, load_object_from_file
 from verl.workers.reward_manager import get_reward_manager_cls
 
@@ -33,6 +38,7 @@ __all__ = [
     "DEFAULT_REWARD_TIMEOUT_S",
     "compute_reward",
     "compute_reward_with_metrics",
+    "extract_reward",
     "get_custom_reward_fn",
     "load_reward_manager",
 ]
@@ -66,7 +72,12 @@ def get_custom_reward_fn(config: Any) -> Callable[..., Any] | None:
         return None
     name = section.get("name") or "compute_score"
     fn = FileFunction(path, name, _plain(section.get("reward_kwargs")) or {})
-    fn.load()
+    rejected = rejected_kwargs(fn.load(), fn.kwargs)
+    if rejected:
+        raise TypeError(
+            f"custom_reward_function.reward_kwargs {rejected} are not parameters of {fn.describe()}; add them to "
+            "its signature (or **kwargs) or drop them"
+        )
     logger.info("using custom reward function %r from %s", name, fn.path)
     return fn
 
@@ -90,21 +101,42 @@ def _manager_class(config: Any) -> type:
     raise ValueError(f"reward_manager.source={source!r} must be 'register' or 'importlib'")
 
 
-def _accepts(cls: type, name: str) -> bool:
-    params = inspect.signature(cls.__init__).parameters
-    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+def _constructor_parameters(cls: type) -> tuple[set[str], bool]:
+    """The keyword parameters a manager's constructor declares, following ``**kwargs`` up the base classes (a
+    subclass that forwards ``**kwargs`` to ``super().__init__`` also takes its base's parameters), and whether the
+    last constructor on that chain takes ``**kwargs`` itself."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass) or klass is object:
+            continue
+        params = inspect.signature(vars(klass)["__init__"]).parameters.values()
+        kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        names.update(p.name for p in params if p.kind in kinds)
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            return names, False
+    return names, True
 
 
 def load_reward_manager(config: Any, tokenizer: Any, num_examine: int, **reward_kwargs: Any) -> Any:
     """Build the reward manager that the config names (see the module docstring for the keys).
 
-    ``reward_kwargs`` go to the manager's constructor (and, for the built-in managers, on to every
-    ``compute_score`` call). Returns the manager, called as ``manager(data, return_dict=False)``.
+    ``reward_kwargs`` (veRL's ``reward_model.reward_kwargs``) go to the manager's constructor (and, for the built-in
+    managers, on to every ``compute_score`` call); a key that neither takes is an error naming it. The settings
+    this version adds (``timeout_s``, ``num_workers``) and the dapo manager's ``max_resp_len`` /
+    ``overlong_buffer_cfg`` are given only to a constructor that declares them. Returns the manager, called as
+    ``manager(data, return_dict=False)``.
     """
     cls = _manager_class(config)
     reward_model = _section(config, "reward_model")
     data = _section(config, "data")
     kwargs: dict[str, Any] = {key: _plain(value) for key, value in reward_kwargs.items()}
+    declared, takes_any = _constructor_parameters(cls)
+    unknown = sorted(set(kwargs) - declared)
+    if unknown and not takes_any:
+        raise TypeError(
+            f"reward_model.reward_kwargs {unknown} are not parameters of the reward manager "
+            f"{cls.__module__}.{cls.__qualname__}; its parameters: {sorted(declared)}"
+        )
     optional = {
         "timeout_s": reward_model.get("timeout_s", DEFAULT_REWARD_TIMEOUT_S),
         "num_workers": reward_model.get("num_workers", 1),
@@ -112,7 +144,7 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int, **reward_
         "overlong_buffer_cfg": _plain(reward_model.get("overlong_buffer")),
     }
     for key, value in optional.items():
-        if key not in kwargs and _accepts(cls, key):
+        if key not in kwargs and key in declared:
             kwargs[key] = value
     return cls(
         tokenizer=tokenizer,
@@ -146,3 +178,19 @@ def compute_reward(data: DataProto, reward_fn: Callable[..., Any]) -> tuple[torc
     :func:`compute_reward_with_metrics`, without the metrics."""
     reward_tensor, extra, _ = compute_reward_with_metrics(data, reward_fn)
     return reward_tensor, extra
+
+
+def extract_reward(data: DataProto) -> tuple[torch.Tensor, dict[str, list[Any]]]:
+    """``(reward_tensor, reward_extra_infos_dict)`` already in the batch: ``rm_scores`` and the non-tensor keys
+    named by ``meta_info["reward_extra_keys"]`` (veRL's helper for rewards scored during the rollout).
+
+    In this version only a reward model (``reward_model.enable``) puts ``rm_scores`` in the batch; without it, score
+    with the trainer's ``_compute_or_extract_reward(batch)``.
+    """
+    if data.batch is None or "rm_scores" not in data.batch.keys():
+        raise KeyError(
+            "extract_reward: the batch has no 'rm_scores' (nothing scored it during the rollout); compute the reward "
+            "with RayPPOTrainer._compute_or_extract_reward(batch) or the reward function"
+        )
+    keys = data.meta_info.get("reward_extra_keys", [])
+    return data.batch["rm_scores"], {key: list(data.non_tensor_batch[key]) for key in keys}

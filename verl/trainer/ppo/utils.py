@@ -10,16 +10,20 @@ import torch
 
 from verl.protocol import DataProto
 from verl.single_controller.ray import RayResourcePool
-from verl.trainer.config.algorithm import SUM_PI_SQUARED_ESTIMATORS
-from verl.trainer.config.validate import need_critic, need_reference_policy
-from verl.trainer.ppo.core_algos import AdvantageEstimator, get_adv_estimator_fn, kl_penalty
+from verl.trainer.config import validate
+from verl.trainer.config.validate import need_critic
+from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+from verl.trainer.ppo.core_algos import kl_penalty as kl_penalty_fn
+from verl.utils.py_functional import accepted_kwargs
 from verl.utils.torch_functional import masked_mean
 
 __all__ = [
     "ResourcePoolManager",
     "Role",
     "apply_kl_penalty",
+    "check_ref_worker",
     "compute_advantage",
+    "compute_response_mask",
     "need_critic",
     "need_reference_policy",
 ]
@@ -83,14 +87,22 @@ class ResourcePoolManager:
         return sum(sum(nodes) for nodes in self.resource_pool_spec.values())
 
 
-def apply_kl_penalty(data: DataProto, kl_ctrl: Any, kl_penalty_type: str = "kl") -> tuple[DataProto, dict]:
+def need_reference_policy(config_or_mapping: Any) -> bool:
+    """Whether a reference policy runs: from the config (a KL term needs it) or, as veRL's newer call, from a
+    ``role_worker_mapping`` (it maps ``Role.RefPolicy`` or ``Role.ActorRolloutRef``)."""
+    if isinstance(config_or_mapping, dict) and all(isinstance(k, Role) for k in config_or_mapping):
+        return Role.RefPolicy in config_or_mapping or Role.ActorRolloutRef in config_or_mapping
+    return validate.need_reference_policy(config_or_mapping)
+
+
+def apply_kl_penalty(data: DataProto, kl_ctrl: Any, kl_penalty: str = "kl") -> tuple[DataProto, dict]:
     """``token_level_rewards = token_level_scores − β·KL(π_old ‖ π_ref)`` per token; updates an adaptive β.
 
     Returns the data and ``actor/reward_kl_penalty`` / ``actor/reward_kl_penalty_coeff``.
     """
     b = data.batch
     mask = b["response_mask"]
-    kld = kl_penalty(b["old_log_probs"], b["ref_log_prob"], kl_penalty=kl_penalty_type) * mask
+    kld = kl_penalty_fn(b["old_log_probs"], b["ref_log_prob"], kl_penalty=kl_penalty) * mask
     beta = kl_ctrl.value
     b["token_level_rewards"] = b["token_level_scores"] - beta * kld
     current_kl = float(torch.mean(masked_mean(kld, mask, axis=-1)))
@@ -107,30 +119,53 @@ def compute_advantage(
     norm_adv_by_std_in_grpo: bool = True,
     config: Any = None,
 ) -> DataProto:
-    """``advantages`` and ``returns`` by the registered estimator ``adv_estimator`` (on the driver)."""
+    """``advantages`` and ``returns`` by the registered estimator ``adv_estimator`` (on the driver).
+
+    The estimator gets only the keywords it declares (all with ``**kwargs``) out of: ``token_level_rewards``,
+    ``response_mask``, ``index`` (the ``uid`` of each sample's prompt), ``gamma``, ``lam``,
+    ``norm_adv_by_std_in_grpo``, ``config`` and, when the batch has them, ``values``, ``reward_baselines``,
+    ``old_log_probs``, ``sum_pi_squared`` and ``rollout_is_weights``. ``response_mask`` is derived from the
+    attention mask when the batch lacks it (veRL does the same for trainers that do not compute it).
+    """
     b = data.batch
-    if adv_estimator == AdvantageEstimator.GAE.value or adv_estimator == AdvantageEstimator.GAE:
-        advantages, returns = get_adv_estimator_fn(adv_estimator)(
-            token_level_rewards=b["token_level_rewards"],
-            values=b["values"],
-            response_mask=b["response_mask"],
-            gamma=gamma,
-            lam=lam,
-        )
-    else:
-        kwargs: dict[str, Any] = {}
-        # the inputs only some estimators take (ReMax's baseline; the optimal-token baselines' policy statistics)
-        for key in ("reward_baselines", "old_log_probs", "sum_pi_squared", "rollout_is_weights"):
-            if key in b.keys() and (key == "reward_baselines" or adv_estimator in SUM_PI_SQUARED_ESTIMATORS):
-                kwargs[key] = b[key]
-        advantages, returns = get_adv_estimator_fn(adv_estimator)(
-            token_level_rewards=b["token_level_rewards"],
-            response_mask=b["response_mask"],
-            index=data.non_tensor_batch["uid"],
-            norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
-            gamma=gamma,
-            config=config,
-            **kwargs,
-        )
+    if "response_mask" not in b.keys():
+        b["response_mask"] = compute_response_mask(data)
+    kwargs: dict[str, Any] = {
+        "token_level_rewards": b["token_level_rewards"],
+        "response_mask": b["response_mask"],
+        "gamma": gamma,
+        "lam": lam,
+        "norm_adv_by_std_in_grpo": norm_adv_by_std_in_grpo,
+        "config": config,
+    }
+    if "uid" in data.non_tensor_batch:
+        kwargs["index"] = data.non_tensor_batch["uid"]
+    for key in ("values", "reward_baselines", "old_log_probs", "sum_pi_squared", "rollout_is_weights"):
+        if key in b.keys():
+            kwargs[key] = b[key]
+    estimator = get_adv_estimator_fn(adv_estimator)
+    advantages, returns = estimator(**accepted_kwargs(estimator, kwargs))
     b["advantages"], b["returns"] = advantages, returns
     return data
+
+
+def compute_response_mask(data: DataProto) -> torch.Tensor:
+    """The response part of ``attention_mask``: its last ``responses.shape[-1]`` columns (veRL's helper)."""
+    width = data.batch["responses"].shape[-1]
+    return data.batch["attention_mask"][:, -width:]
+
+
+def check_ref_worker(role_worker_mapping: dict[Role, Any], actor_role: Role) -> None:
+    """A ``Role.RefPolicy`` entry (``TaskRunner.add_ref_policy_worker``) must be the actor's worker class: the
+    reference policy runs inside the actor's workers (role ``actor_rollout_ref``)."""
+    ref_cls = role_worker_mapping.get(Role.RefPolicy)
+    if ref_cls is None:
+        return
+    actor_cls = getattr(role_worker_mapping[actor_role], "__ray_actor_class__", role_worker_mapping[actor_role])
+    ref_cls = getattr(ref_cls, "__ray_actor_class__", ref_cls)
+    if not issubclass(actor_cls, ref_cls):
+        raise TypeError(
+            f"role_worker_mapping[Role.RefPolicy] = {ref_cls.__qualname__}: the reference policy runs inside the actor "
+            f"workers ({actor_cls.__qualname__}, role actor_rollout_ref); a separate reference worker class is not "
+            "supported — map Role.RefPolicy to the actor's class"
+        )

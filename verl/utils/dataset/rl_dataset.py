@@ -5,7 +5,7 @@ A row (one per prompt)::
     {"data_source": "openai/gsm8k",
      "prompt": [{"role": "user", "content": "..."}],          # data.prompt_key: a non-empty list of messages
      "ability": "math",
-     "reward_model": {"style": "rule", "ground_truth": "72"},
+     "reward_model": {"style": "rule", "ground_truth": "72"},   # ground_truth required unless style is "model"
      "extra_info": {"split": "train", "index": 0, ...}}
 
 An item is the row's other columns plus ``input_ids``, ``attention_mask``, ``position_ids`` (1-D tensors, left-padded
@@ -15,12 +15,15 @@ to ``max_prompt_length``), ``raw_prompt_ids`` (the prompt's token ids, unpadded)
 ``extra_info``, default ``{}``).
 
 Config keys (``data.*``, veRL's names; defaults in brackets): ``prompt_key`` [prompt], ``max_prompt_length`` [512],
-``filter_overlong_prompts`` [False], ``truncation`` [error: error | left | right | middle], ``return_raw_chat``
-[True], ``return_full_prompt`` [False], ``apply_chat_template_kwargs`` [{}], ``shuffle`` [True] and ``seed``
-[null → 1] (which rows ``max_samples`` keeps).
+``filter_overlong_prompts`` [False], ``filter_malformed_rows`` [False; ours, veRL has none], ``truncation`` [error:
+error | left | right | middle], ``return_raw_chat`` [True], ``return_full_prompt`` [False],
+``apply_chat_template_kwargs`` [{}], ``shuffle`` [True] and ``seed`` [null → 1] (which rows ``max_samples`` keeps).
 
-Every prompt is tokenized when the dataset is built, so a malformed row or a prompt too long for
-``truncation=error`` fails at start-up, with the file, row and field of each problem.
+Every row is checked and every prompt tokenized when the dataset is built, so a malformed row (a prompt that is not
+a non-empty list of ``{"role": str, "content": str}`` messages; a null ``reward_model``, or one without a non-null
+``ground_truth`` unless its ``style`` is ``"model"``; a ``data_source`` that is not a string; an ``extra_info`` that
+is not a struct) or a prompt too long for ``truncation=error`` fails at start-up, with the file, row (within that
+file) and field of each problem. ``filter_malformed_rows`` drops malformed rows instead, logging how many per file.
 
 Loaders: ``create_rl_dataset`` → ``create_rl_sampler`` → ``create_dataloader``. The loader is a torchdata
 ``StatefulDataLoader`` whose ``state_dict()`` / ``load_state_dict()`` resume exactly where it stopped, in any epoch
@@ -68,6 +71,7 @@ DATA_DEFAULTS: dict[str, Any] = {
     "prompt_key": "prompt",
     "max_prompt_length": 512,
     "filter_overlong_prompts": False,
+    "filter_malformed_rows": False,
     "truncation": "error",
     "return_raw_chat": True,
     "return_full_prompt": False,
@@ -88,22 +92,47 @@ def _short(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _row_problem(row: Mapping[str, Any], prompt_key: str) -> str | None:
-    """What is wrong with a row, naming the field; None when it is well formed."""
-    messages = row.get(prompt_key)
-    if not isinstance(messages, (list, tuple)) or not messages:
-        return f"field {prompt_key!r}: expected a non-empty list of chat messages, got {_short(messages)}"
-    for j, message in enumerate(messages):
-        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
-            return f"field {prompt_key!r}[{j}]: expected a message with a string 'role', got {_short(message)}"
-        if not isinstance(message.get("content"), str):
-            return f"field {prompt_key!r}[{j}].content: expected a string, got {_short(message.get('content'))}"
-    if "data_source" in row and not isinstance(row["data_source"], str):
-        return f"field 'data_source': expected a string, got {_short(row['data_source'])}"
-    for key in ("reward_model", "extra_info"):
-        if row.get(key) is not None and not isinstance(row[key], Mapping):
-            return f"field {key!r}: expected a struct (dict) or null, got {_short(row[key])}"
+def _reward_model_problem(reward_model: Any) -> str | None:
+    """What is wrong with a row's ``reward_model``; a rule-scored row (the default style) needs a ``ground_truth``."""
+    if reward_model is None:
+        return "field 'reward_model': is null; expected {'style': 'rule', 'ground_truth': ...}"
+    if not isinstance(reward_model, Mapping):
+        return f"field 'reward_model': expected a struct (dict) with a 'ground_truth', got {_short(reward_model)}"
+    if reward_model.get("style") == "model":  # scored by a reward model: no reference answer needed
+        return None
+    if "ground_truth" not in reward_model:
+        return "field 'reward_model.ground_truth': missing (rule-scored rows need a reference answer)"
+    if reward_model["ground_truth"] is None:
+        return "field 'reward_model.ground_truth': is null (rule-scored rows need a reference answer)"
     return None
+
+
+def _row_problems(row: Mapping[str, Any], prompt_key: str) -> list[str]:
+    """Everything wrong with a row, each naming its field; empty when the row is well formed."""
+    problems = []
+    messages = row.get(prompt_key)
+    if not isinstance(messages, (list, tuple, np.ndarray)) or len(messages) == 0:
+        problems.append(f"field {prompt_key!r}: expected a non-empty list of chat messages, got {_short(messages)}")
+    else:
+        for j, message in enumerate(messages):
+            if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+                problems.append(
+                    f"field {prompt_key!r}[{j}]: expected a message with a string 'role', got {_short(message)}"
+                )
+                break
+            if not isinstance(message.get("content"), str):
+                problems.append(
+                    f"field {prompt_key!r}[{j}].content: expected a string, got {_short(message.get('content'))}"
+                )
+                break
+    if "data_source" in row and not isinstance(row["data_source"], str):
+        problems.append(f"field 'data_source': expected a string, got {_short(row['data_source'])}")
+    reward_problem = _reward_model_problem(row.get("reward_model"))
+    if reward_problem is not None:
+        problems.append(reward_problem)
+    if row.get("extra_info") is not None and not isinstance(row["extra_info"], Mapping):
+        problems.append(f"field 'extra_info': expected a struct (dict) or null, got {_short(row['extra_info'])}")
+    return problems
 
 
 def _read_parquet(path: str, prompt_key: str) -> list[dict[str, Any]]:
@@ -154,6 +183,7 @@ class RLHFDataset(Dataset):
         self.prompt_key = data_config_get(config, "prompt_key")
         self.max_prompt_length = data_config_get(config, "max_prompt_length")
         self.filter_overlong_prompts = bool(data_config_get(config, "filter_overlong_prompts"))
+        self.filter_malformed_rows = bool(data_config_get(config, "filter_malformed_rows"))
         self.truncation = data_config_get(config, "truncation")
         self.return_raw_chat = bool(data_config_get(config, "return_raw_chat"))
         self.return_full_prompt = bool(data_config_get(config, "return_full_prompt"))
@@ -176,24 +206,45 @@ class RLHFDataset(Dataset):
 
     # -- building ---------------------------------------------------------------------------------------------------
     def _load_rows(self) -> tuple[list[dict[str, Any]], list[tuple[str, int, int]]]:
-        """Every row of every file, and where it came from: (file, row in the file, row across all files)."""
+        """Every well-formed row of every file, and where it came from: (file, row in the file, row across all files).
+
+        Malformed rows (see :func:`_row_problems`) are an error listing them, or dropped with a warning when
+        ``data.filter_malformed_rows``.
+        """
         rows: list[dict[str, Any]] = []
         origins: list[tuple[str, int, int]] = []
-        problems: list[str] = []
-        total_bad = 0
+        listed: list[str] = []
+        bad_per_file: dict[str, int] = {}
+        rows_per_file: dict[str, int] = {}
         for path in self.data_files:
-            for row_no, row in enumerate(_read_parquet(path, self.prompt_key)):
-                problem = _row_problem(row, self.prompt_key)
-                if problem is not None:
-                    total_bad += 1
-                    if len(problems) < _MAX_REPORTED:
-                        problems.append(f"{path}: row {row_no}: {problem}")
+            file_rows = _read_parquet(path, self.prompt_key)
+            rows_per_file[path] = len(file_rows)
+            for row_no, row in enumerate(file_rows):
+                problems = _row_problems(row, self.prompt_key)
+                if problems:
+                    bad_per_file[path] = bad_per_file.get(path, 0) + 1
+                    if len(listed) < _MAX_REPORTED:
+                        listed.append(f"{path}: row {row_no}: " + "; ".join(problems))
                     continue
                 rows.append(row)
                 origins.append((path, row_no, len(origins)))
-        if problems:
-            more = f"\n... and {total_bad - len(problems)} more" if total_bad > len(problems) else ""
-            raise ValueError(f"{total_bad} malformed data row(s):\n" + "\n".join(problems) + more)
+        total_bad = sum(bad_per_file.values())
+        if total_bad and not self.filter_malformed_rows:
+            per_file = ", ".join(f"{path}: {n}" for path, n in bad_per_file.items())
+            more = f"\n... and {total_bad - len(listed)} more" if total_bad > len(listed) else ""
+            raise ValueError(
+                f"{total_bad} malformed data row(s) ({per_file}):\n" + "\n".join(listed) + more + "\n"
+                "fix the data, or set data.filter_malformed_rows=True to drop such rows"
+            )
+        for path, n in bad_per_file.items():
+            logger.warning(
+                "%s: dropped %d of %d rows as malformed (data.filter_malformed_rows)", path, n, rows_per_file[path]
+            )
+        if total_bad and not rows:
+            raise ValueError(
+                f"data.filter_malformed_rows dropped all {sum(rows_per_file.values())} row(s) of {self.data_files}; "
+                "first problems:\n" + "\n".join(listed)
+            )
         return rows, origins
 
     def _select(self, rows: list, origins: list, max_samples: int, config: Any) -> tuple[list, list]:

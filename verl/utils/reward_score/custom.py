@@ -13,6 +13,8 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from verl.utils.py_functional import accepted_kwargs
+
 __all__ = ["FileFunction", "load_function_from_file", "load_object_from_file"]
 
 
@@ -56,7 +58,8 @@ def load_function_from_file(path: str | os.PathLike, name: str) -> Callable[...,
 
 
 class FileFunction:
-    """``name`` from the file at ``path``, called with ``kwargs`` merged over the call's keywords (they win)."""
+    """``name`` from the file at ``path``, called with ``kwargs`` merged over the call's keywords (they win); the
+    function gets only the keywords its signature declares (all of them with ``**kwargs``)."""
 
     def __init__(self, path: str | os.PathLike, name: str = "compute_score", kwargs: Mapping[str, Any] | None = None):
         self.path = os.path.abspath(os.path.expanduser(os.fspath(path)))
@@ -70,8 +73,17 @@ class FileFunction:
             self._fn = load_function_from_file(self.path, self.name)
         return self._fn
 
+    @property
+    def __wrapped__(self) -> Callable[..., Any]:  # inspect.signature follows it to the user's function
+        return self.load()
+
+    def describe(self) -> str:
+        """``name (path)``, for error messages."""
+        return f"{self.name} ({self.path})"
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.load()(*args, **{**kwargs, **self.kwargs})
+        fn = self.load()
+        return fn(*args, **accepted_kwargs(fn, {**kwargs, **self.kwargs}))
 
     def __getstate__(self) -> dict[str, Any]:
         return {"path": self.path, "name": self.name, "kwargs": self.kwargs, "_fn": None}

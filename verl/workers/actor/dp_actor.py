@@ -23,6 +23,7 @@ import torch.distributed as dist
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from verl.utils.padding import pack_forward, pad_input, response_slots
+from verl.utils.py_functional import call_with_accepted_kwargs
 from verl.utils.seqlen_balancing import rearrange_micro_batches, restore_order
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 from verl.workers.engine.optim import clip_grad_norm_and_step
@@ -240,7 +241,8 @@ class DataParallelPPOActor:
                 mask = mb["response_mask"]
                 forward = self._forward_micro_batch(micro, temperature, calculate_entropy)
                 log_prob, entropy = forward["log_probs"], forward.get("entropys")
-                pg_loss, pg_metrics = policy_loss_fn(
+                pg_loss, pg_metrics = call_with_accepted_kwargs(  # a user's loss gets what it declares
+                    policy_loss_fn,
                     old_log_prob=mb["old_log_probs"],
                     log_prob=log_prob,
                     advantages=mb["advantages"],

@@ -3,7 +3,7 @@
 from verl.workers.config.actor import ActorConfig, FSDPActorConfig, PolicyLossConfig, RefConfig
 from verl.workers.config.checkpoint import CheckpointConfig
 from verl.workers.config.critic import CriticConfig, CriticModelConfig, FSDPCriticConfig
-from verl.workers.config.engine import FSDPEngineConfig
+from verl.workers.config.engine import FSDPEngineConfig, McoreEngineConfig
 from verl.workers.config.model import HFModelConfig
 from verl.workers.config.optimizer import FSDPOptimizerConfig, OptimConfig, OptimizerConfig
 from verl.workers.config.rollout import (
@@ -30,6 +30,7 @@ __all__ = [
     "FSDPEngineConfig",
     "FSDPOptimizerConfig",
     "HFModelConfig",
+    "McoreEngineConfig",
     "MultiTurnConfig",
     "OptimConfig",
     "OptimizerConfig",

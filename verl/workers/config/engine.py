@@ -2,12 +2,16 @@
 
 veRL's ``FSDPEngineConfig`` field names and defaults. Both ``strategy: fsdp`` and ``strategy: fsdp2`` select verl's one
 FSDP engine, built on FSDP2 (``torch.distributed.fsdp.fully_shard``); FSDP1 is not used.
+
+`McoreEngineConfig` is veRL's ``megatron`` schema (field names and defaults), so configs and recipes that build it
+parse and validate here; this verl has no Megatron engine to run it.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from verl.base_config import BaseConfig
 
@@ -17,8 +21,11 @@ __all__ = [
     "MIXED_PRECISION_KEYS",
     "WRAP_POLICY_KEYS",
     "FSDPEngineConfig",
+    "McoreEngineConfig",
     "canonical_dtype_name",
 ]
+
+logger = logging.getLogger(__name__)
 
 # Strategy names that select the FSDP engine (see verl.workers.engine.get_engine_class).
 FSDP_STRATEGIES = ("fsdp", "fsdp2")
@@ -178,3 +185,94 @@ def _mixed_precision_problems(p: str, mp: Any) -> list[str]:
     if not isinstance(mp.get("cast_forward_inputs", True), bool):
         problems.append(f"{p}.mixed_precision.cast_forward_inputs={mp['cast_forward_inputs']!r} must be true or false")
     return problems
+
+
+# Mixed-precision dtypes Megatron trains in.
+MCORE_DTYPES = ("bfloat16", "float16")
+
+
+@dataclass
+class McoreEngineConfig(BaseConfig):
+    """How a model is split and trained by a Megatron-Core engine (veRL's ``megatron`` config block).
+
+    Args:
+        param_offload / grad_offload / optimizer_offload: keep parameters / gradients / optimizer state in host
+            memory between uses.
+        tensor_model_parallel_size: tensor-parallel degree.
+        expert_model_parallel_size: expert-parallel degree (MoE).
+        expert_tensor_parallel_size: tensor-parallel degree inside experts (None: as ``tensor_model_parallel_size``).
+        pipeline_model_parallel_size: pipeline stages.
+        virtual_pipeline_model_parallel_size: model chunks per stage for the interleaved schedule (None: off).
+        context_parallel_size: context-parallel degree (long sequences).
+        sequence_parallel: sequence parallelism within tensor-parallel groups; turned off when
+            ``tensor_model_parallel_size`` is 1 (the one field that is corrected after construction).
+        use_distributed_optimizer: shard the optimizer state over data-parallel ranks.
+        use_dist_checkpointing / dist_checkpointing_path / dist_checkpointing_prefix: load a Megatron distributed
+            checkpoint instead of a HF one.
+        seed: the random seed.
+        override_ddp_config / override_transformer_config / override_mcore_model_config: keyword overrides of
+            Megatron's DDP, transformer and model configs.
+        use_mbridge / vanilla_mbridge: convert HF weights with mbridge.
+        dtype: training dtype (``bfloat16`` or ``float16``).
+        forward_only: build no optimizer (reference policy).
+        full_determinism: deterministic kernels (slow; debugging).
+        strategy: always ``"megatron"``.
+    """
+
+    _mutable_fields: ClassVar[frozenset[str]] = frozenset({"sequence_parallel"})
+
+    param_offload: bool = False
+    grad_offload: bool = False
+    optimizer_offload: bool = False
+    tensor_model_parallel_size: int = 1
+    expert_model_parallel_size: int = 1
+    expert_tensor_parallel_size: int | None = None
+    pipeline_model_parallel_size: int = 1
+    virtual_pipeline_model_parallel_size: int | None = None
+    context_parallel_size: int = 1
+    sequence_parallel: bool = True
+    use_distributed_optimizer: bool = True
+    use_dist_checkpointing: bool = False
+    dist_checkpointing_path: str | None = None
+    dist_checkpointing_prefix: str = ""
+    seed: int = 42
+    override_ddp_config: dict[str, Any] = field(default_factory=dict)
+    override_transformer_config: dict[str, Any] = field(default_factory=dict)
+    override_mcore_model_config: dict[str, Any] = field(default_factory=dict)
+    use_mbridge: bool = True
+    vanilla_mbridge: bool = True
+    dtype: str = "bfloat16"
+    forward_only: bool = False
+    full_determinism: bool = False
+    strategy: str = "megatron"
+
+    def __post_init__(self) -> None:
+        p = "megatron"
+        problems = []
+        if self.strategy != "megatron":
+            problems.append(f"{p}.strategy={self.strategy!r} must be 'megatron'")
+        if self.dtype not in MCORE_DTYPES:
+            problems.append(f"{p}.dtype={self.dtype!r}; use one of {list(MCORE_DTYPES)}")
+        for name in (
+            "tensor_model_parallel_size",
+            "expert_model_parallel_size",
+            "pipeline_model_parallel_size",
+            "context_parallel_size",
+        ):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                problems.append(f"{p}.{name}={value!r} must be an integer >= 1")
+        for name in ("expert_tensor_parallel_size", "virtual_pipeline_model_parallel_size"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or value < 1):
+                problems.append(f"{p}.{name}={value!r} must be null or an integer >= 1")
+        if not _is_int(self.seed):
+            problems.append(f"{p}.seed={self.seed!r} must be an integer")
+        for name in ("override_ddp_config", "override_transformer_config", "override_mcore_model_config"):
+            if not isinstance(getattr(self, name), dict):
+                problems.append(f"{p}.{name}={getattr(self, name)!r} must be a mapping")
+        if problems:
+            raise ValueError("invalid Megatron engine config: " + "; ".join(problems))
+        if self.tensor_model_parallel_size == 1 and self.sequence_parallel:
+            logger.debug("%s.sequence_parallel set to false: tensor_model_parallel_size is 1", p)
+            self.sequence_parallel = False

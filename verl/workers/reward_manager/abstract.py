@@ -11,7 +11,13 @@ A manager is called as ``manager(data, return_dict=False)`` on a rollout ``DataP
 
 Scoring goes through a :class:`~verl.utils.reward_score.pool.RewardScorePool`: a call that raises, returns something
 that is not a finite number or a dict with a finite ``"score"``, kills its process or runs past ``timeout_s``
-scores 0, is counted in ``reward_metrics``, and is logged once per kind of failure, with its traceback.
+scores 0, is counted in ``reward_metrics``, and is logged once per kind of failure, with its traceback. When
+**every** sample of a batch fails, the manager raises :class:`RewardFunctionError` naming the function, its file and
+the first failure: a function that cannot score anything must stop the run, not train it on zeros.
+
+``compute_score`` gets only the keyword arguments its signature declares (``data_source``, ``solution_str``,
+``ground_truth``, ``extra_info`` and the manager's ``reward_kwargs``; all of them when it takes ``**kwargs``). A
+``reward_kwargs`` key it does not declare is an error when the manager is built.
 
 Each sample's ``extra_info`` is copied and given (unless present) ``response_length`` (valid response tokens) and
 ``response_ended`` (whether the last valid token is the tokenizer's EOS or pad token, i.e. the response stopped by
@@ -20,6 +26,7 @@ itself instead of being cut at the length limit; without either token: whether i
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import numbers
@@ -30,10 +37,11 @@ from typing import Any
 import torch
 
 from verl.protocol import DataProto
+from verl.utils.py_functional import accepted_kwargs, rejected_kwargs
 from verl.utils.reward_score import default_compute_score
 from verl.utils.reward_score.pool import FailureLog, RewardScorePool, ScoreResult
 
-__all__ = ["AbstractRewardManager", "RewardSample"]
+__all__ = ["AbstractRewardManager", "RewardFunctionError", "RewardSample", "describe_function"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +67,24 @@ class ScoredBatch:
     extra: list[dict[str, Any]]
     errors: int = 0
     timeouts: int = 0
+    first_failure: str | None = None
+
+
+class RewardFunctionError(RuntimeError):
+    """The reward function failed on every sample of a batch."""
+
+
+def describe_function(fn: Callable[..., Any]) -> str:
+    """``name (file)`` of a scoring function, for error messages."""
+    describe = getattr(fn, "describe", None)
+    if callable(describe):
+        return describe()
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    try:
+        where = inspect.getsourcefile(inspect.unwrap(fn)) or "?"
+    except TypeError:
+        where = "?"
+    return f"{getattr(fn, '__module__', '?')}.{name} ({where})"
 
 
 class AbstractRewardManager:
@@ -82,6 +108,12 @@ class AbstractRewardManager:
         self.timeout_s = timeout_s
         self.num_workers = num_workers
         self.reward_kwargs = reward_kwargs
+        rejected = rejected_kwargs(self.compute_score, reward_kwargs)
+        if rejected:
+            raise TypeError(
+                f"reward kwargs {rejected} (reward_model.reward_kwargs) are not parameters of the reward function "
+                f"{describe_function(self.compute_score)}; add them to its signature (or **kwargs) or drop them"
+            )
         self._start_pool()
 
     def _start_pool(self) -> None:
@@ -112,6 +144,12 @@ class AbstractRewardManager:
             )
         samples = self.decode(data)
         scored = self.score(samples) if samples else ScoredBatch([], [])
+        if samples and scored.errors + scored.timeouts == len(samples):
+            raise RewardFunctionError(
+                f"the reward function {describe_function(self.compute_score)} failed on every one of the "
+                f"{len(samples)} samples of this batch ({scored.timeouts} timed out); the first failure:\n"
+                f"{scored.first_failure}"
+            )
         responses = data.batch["responses"]
         reward_tensor = torch.zeros(responses.shape, dtype=torch.float32)
         for sample, value in zip(samples, scored.scores):
@@ -177,18 +215,23 @@ class AbstractRewardManager:
             )
         return samples
 
+    def score_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """``kwargs`` and the manager's ``reward_kwargs``, narrowed to what ``compute_score`` declares."""
+        return accepted_kwargs(self.compute_score, {**kwargs, **self.reward_kwargs})
+
     def run_per_sample(self, samples: list[RewardSample]) -> ScoredBatch:
         """Call ``compute_score`` once per sample (through the pool) and check each result."""
         calls = [
             (
                 (),
-                {
-                    "data_source": s.data_source,
-                    "solution_str": s.response_str,
-                    "ground_truth": s.ground_truth,
-                    "extra_info": s.extra_info,
-                    **self.reward_kwargs,
-                },
+                self.score_kwargs(
+                    {
+                        "data_source": s.data_source,
+                        "solution_str": s.response_str,
+                        "ground_truth": s.ground_truth,
+                        "extra_info": s.extra_info,
+                    }
+                ),
             )
             for s in samples
         ]
@@ -203,6 +246,8 @@ class AbstractRewardManager:
             if not result.ok:
                 out.timeouts += result.timed_out
                 out.errors += not result.timed_out
+                if out.first_failure is None:
+                    out.first_failure = f"sample {sample.index}: {(result.error or '').strip()}"
                 self.failures.report(result, f"sample {sample.index} (data_source={sample.data_source!r})")
                 out.scores.append(0.0)
                 out.extra.append({})

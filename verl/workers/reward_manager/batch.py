@@ -19,13 +19,14 @@ class BatchRewardManager(AbstractRewardManager):
     """
 
     def score(self, samples: list[RewardSample]) -> ScoredBatch:
-        kwargs = {
-            "data_sources": [s.data_source for s in samples],
-            "solution_strs": [s.response_str for s in samples],
-            "ground_truths": [s.ground_truth for s in samples],
-            "extra_infos": [s.extra_info for s in samples],
-            **self.reward_kwargs,
-        }
+        kwargs = self.score_kwargs(
+            {
+                "data_sources": [s.data_source for s in samples],
+                "solution_strs": [s.response_str for s in samples],
+                "ground_truths": [s.ground_truth for s in samples],
+                "extra_infos": [s.extra_info for s in samples],
+            }
+        )
         (result,) = self.pool.run([((), kwargs)])
         if result.ok:
             values = result.value

@@ -1,0 +1,1 @@
+"""Parts that veRL keeps under ``verl.experimental`` (import paths kept for carried-over code)."""

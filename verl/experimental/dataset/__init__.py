@@ -1,0 +1,1 @@
+"""Dataset plug points at veRL's ``verl.experimental.dataset`` paths."""

@@ -1,0 +1,165 @@
+"""Reducing per-worker / per-micro-batch metric lists to one number each (``verl.utils.metric``).
+
+``reduce_metrics`` picks the reduction from the key (max / min / mean); a `MetricList` carries its own
+(`AggregationType`), so e.g. a token count can be summed across workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from enum import Enum
+from typing import Any
+
+import numpy as np
+
+__all__ = ["AggregationType", "AggregationTypeMismatchError", "MetricList", "MetricValue", "reduce_metrics"]
+
+
+class AggregationType(Enum):
+    """How the values of one metric are combined."""
+
+    MEAN = "mean"
+    SUM = "sum"
+    MIN = "min"
+    MAX = "max"
+
+
+_REDUCERS = {
+    AggregationType.MEAN: np.mean,
+    AggregationType.SUM: np.sum,
+    AggregationType.MIN: np.min,
+    AggregationType.MAX: np.max,
+}
+
+
+class AggregationTypeMismatchError(ValueError):
+    """Values of one metric were recorded with two different aggregation types."""
+
+    def __init__(self, expected: AggregationType, got: AggregationType) -> None:
+        super().__init__(f"aggregation type mismatch: {expected.value} != {got.value}")
+
+
+def _aggregation(aggregation: str | AggregationType) -> AggregationType:
+    try:
+        return AggregationType(aggregation)
+    except ValueError:
+        valid = [a.value for a in AggregationType]
+        raise ValueError(f"aggregation={aggregation!r} is not one of {valid}") from None
+
+
+def _scalar(value: Any) -> float | int:
+    """A Python number from an int/float, a numpy scalar or a one-element tensor/array."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int | float):
+        return value
+    if hasattr(value, "numel") or isinstance(value, np.ndarray | np.generic):
+        array = np.asarray(value.detach().cpu() if hasattr(value, "detach") else value)
+        if array.size != 1:
+            raise ValueError(f"a metric value must be a scalar, got shape {tuple(array.shape)}")
+        return array.item()
+    raise TypeError(f"unsupported metric value type {type(value).__name__}: {value!r}")
+
+
+class MetricValue:
+    """One value of a metric together with how it aggregates."""
+
+    def __init__(self, value: Any, aggregation: str | AggregationType) -> None:
+        self.value = _scalar(value)
+        self.aggregation = _aggregation(aggregation)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], aggregation: str | AggregationType) -> dict[str, MetricValue]:
+        """``{key: MetricValue(value, aggregation)}`` for every item of ``data``."""
+        return {key: cls(value, aggregation) for key, value in data.items()}
+
+    def init_list(self) -> MetricList:
+        """An empty `MetricList` with this value's aggregation."""
+        return MetricList(aggregation=self.aggregation)
+
+    def __repr__(self) -> str:
+        return f"MetricValue({self.value!r}, {self.aggregation.value!r})"
+
+
+class MetricList:
+    """The values of one metric, reduced with its `AggregationType` by :meth:`aggregate`."""
+
+    def __init__(self, aggregation: str | AggregationType, values: list[float] | None = None) -> None:
+        self.aggregation = _aggregation(aggregation)
+        self.values: list[float] = [] if values is None else list(values)
+
+    def append(self, value: Any) -> None:
+        """Add a number (or a `MetricValue` of the same aggregation)."""
+        if isinstance(value, MetricValue):
+            if value.aggregation != self.aggregation:
+                raise AggregationTypeMismatchError(self.aggregation, value.aggregation)
+            value = value.value
+        self.values.append(_scalar(value))
+
+    def extend(self, values: MetricList | Iterable[Any]) -> None:
+        """Add every value of another `MetricList` (same aggregation) or of an iterable."""
+        if isinstance(values, MetricList):
+            if values.aggregation != self.aggregation:
+                raise AggregationTypeMismatchError(self.aggregation, values.aggregation)
+            values = values.values
+        for value in values:
+            self.append(value)
+
+    def aggregate(self) -> float:
+        """The reduction of the values (NaN when there are none)."""
+        if not self.values:
+            return float("nan")
+        return float(_REDUCERS[self.aggregation](np.asarray(self.values, dtype=np.float64)))
+
+    @classmethod
+    def chain(cls, metric_lists: list[MetricList]) -> MetricList:
+        """One list holding the values of all ``metric_lists`` (which must share an aggregation)."""
+        if not metric_lists:
+            return cls(aggregation=AggregationType.MEAN)
+        chained = cls(aggregation=metric_lists[0].aggregation)
+        for metric_list in metric_lists:
+            chained.extend(metric_list)
+        return chained
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __repr__(self) -> str:
+        return f"MetricList({self.aggregation.value!r}, {self.values!r})"
+
+
+def reduce_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """Lists of per-worker / per-mini-batch values → one number each: a `MetricList` by its own aggregation, else
+    max for keys containing "max", min for "min", the mean otherwise. Keys with no values are dropped.
+
+    As in veRL, a ``dict`` is reduced in place and returned; any other mapping gives a new dict.
+    """
+    out = {}
+    for key, values in metrics.items():
+        reduced = _reduce_one(key, values)
+        if reduced is not None:
+            out[key] = reduced
+    if isinstance(metrics, dict):
+        metrics.clear()
+        metrics.update(out)
+        return metrics
+    return out
+
+
+def _reduce_one(key: str, values: Any) -> float | None:
+    if isinstance(values, MetricList):
+        return values.aggregate() if values.values else None
+    if isinstance(values, MetricValue):
+        values = values.value
+    items = values if isinstance(values, list | tuple | np.ndarray) else [values]
+    try:
+        array = np.asarray(items, dtype=np.float64)
+    except (TypeError, ValueError):  # tensors on an accelerator, numpy scalars mixed with tensors...
+        array = np.asarray([_scalar(v) for v in np.asarray(items, dtype=object).ravel()], dtype=np.float64)
+    if array.size == 0:
+        return None
+    if "max" in key:
+        return float(np.max(array))
+    if "min" in key:
+        return float(np.min(array))
+    return float(np.mean(array))
