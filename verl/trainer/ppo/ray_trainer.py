@@ -253,7 +253,7 @@ class RayPPOTrainer:
     def _compute_reward_baselines(self, prompts: DataProto, batch: DataProto) -> None:
         """ReMax's baseline: the reward of one greedy response per prompt, as ``reward_baselines`` of its samples."""
         greedy = self._generate(prompts, n=1, do_sample=False)
-        scores = self._compute_or_extract_reward(greedy, self.reward_fn, sum_reward=True)[0]
+        scores = self._compute_or_extract_reward(greedy, self.reward_fn, sum_reward=True)
         n = len(batch) // len(prompts)
         batch.batch["reward_baselines"] = scores.repeat_interleave(n)
 
@@ -263,9 +263,9 @@ class RayPPOTrainer:
         """veRL's helper: the reward of ``batch``, read from ``rm_scores`` when present (a reward model scored it),
         else computed by ``reward_fn`` (default: the training reward function).
 
-        Returns ``{"reward_tensor", "reward_extra_info", "reward_metrics"}`` with ``return_dict``, else
-        ``(reward_tensor, reward_extra_infos_dict)``; ``sum_reward`` sums the tensor over tokens (one score per
-        sample)."""
+        Returns ``{"reward_tensor", "reward_extra_info", "reward_metrics"}`` with ``return_dict``; else the summed
+        tensor (one score per sample) with ``sum_reward``, and ``(reward_tensor, reward_extra_infos_dict)``
+        without."""
         if "rm_scores" in batch.batch.keys():
             keys = batch.meta_info.get("reward_extra_keys", [])
             tensor, extra, metrics = batch.batch["rm_scores"], {k: list(batch.non_tensor_batch[k]) for k in keys}, {}
@@ -275,7 +275,7 @@ class RayPPOTrainer:
             tensor = tensor.sum(-1)
         if return_dict:
             return {"reward_tensor": tensor, "reward_extra_info": extra, "reward_metrics": metrics}
-        return tensor, extra
+        return tensor if sum_reward else (tensor, extra)
 
     def _compute_reward(self, batch: DataProto) -> dict[str, Any]:
         if self.use_rm:
