@@ -3,6 +3,8 @@ keys that no config dataclass documents, and the notes on where verl differs fro
 
 from __future__ import annotations
 
+_G = "global_profiler.global_tool_config"
+
 DESCRIPTIONS: dict[str, str] = {
     # data
     "data.tokenizer": "Tokenizer folder for the data; the trainer tokenizes with the policy's tokenizer "
@@ -89,6 +91,7 @@ DESCRIPTIONS: dict[str, str] = {
     "reward_model.reward_loop_source": "Where the reward loop class comes from (`register` or `importlib`).",
     "reward_model.reward_loop_module_path": "File of a custom reward loop.",
     "reward_model.reward_loop_class_name": "Class of that reward loop.",
+    "reward_model.ulysses_sequence_parallel_size": "Ulysses sequence-parallel degree of the reward model (1: off).",
     "reward_model.launch_reward_fn_async": "Compute the reward of step t while step t+1 generates.",
     "reward_model.timeout_s": "Per-sample limit in seconds on one `compute_score` call; a sample that raises or "
     "runs past it scores 0 and is counted in `reward/error_count` / `reward/timeout_count` (null or <= 0: no limit).",
@@ -166,6 +169,23 @@ DESCRIPTIONS: dict[str, str] = {
     "global_profiler.steps": "Steps to profile (a list of step numbers); null: none.",
     "global_profiler.profile_continuous_steps": "Merge consecutive profiled steps into one trace.",
     "global_profiler.save_path": "Folder the traces are written to (one per role, rank and step).",
+    f"{_G}.nsys.discrete": "Nsight Systems: one report per profiled step and role instead of one for the whole run.",
+    **{
+        f"{_G}.nsys.{side}_nsight_options.{opt}": f"Nsight Systems `--{opt}` option of the {side} process."
+        for side in ("controller", "worker")
+        for opt in ("trace", "cuda-memory-usage", "cuda-graph-trace")
+    },
+    f"{_G}.nsys.worker_nsight_options.capture-range": "Nsight Systems `--capture-range` of the workers "
+    "(`cudaProfilerApi`: only between the profiler's start and stop calls).",
+    f"{_G}.nsys.worker_nsight_options.capture-range-end": "Nsight Systems `--capture-range-end` of the workers "
+    "(null: the tool's default).",
+    f"{_G}.nsys.worker_nsight_options.kill": "Nsight Systems `--kill`: the signal sent to the workers when the "
+    "capture ends.",
+    f"{_G}.torch_memory.trace_alloc_max_entries": "CUDA memory snapshots: allocation events recorded at most.",
+    f"{_G}.torch_memory.stack_depth": "CUDA memory snapshots: stack frames recorded per event.",
+    f"{_G}.torch_memory.context": "CUDA memory snapshots: which events get a stack (`all`, `alloc`, `state`).",
+    f"{_G}.torch_memory.stacks": "CUDA memory snapshots: `python` or `all` (Python and C++) stacks.",
+    f"{_G}.torch_memory.kw_args": "Extra arguments of `torch.cuda.memory._record_memory_history`.",
     "transfer_queue.enable": "Move batches between roles through veRL's TransferQueue instead of the driver.",
     "ray_kwargs.ray_init.num_cpus": "Logical CPUs `ray.init` starts with; null: enough for the workers the job "
     "places (when verl starts Ray itself).",

@@ -1,15 +1,23 @@
-"""Write verl/trainer/config/ppo_trainer.yaml from the config dataclasses (their defaults are the source of truth).
+"""Write the trainer config folder (verl/trainer/config) from the config dataclasses: their defaults are the source
+of truth.
 
-    python scripts/generate_trainer_config.py           # rewrite the YAML
-    python scripts/generate_trainer_config.py --check   # exit 1 if the YAML is out of date (a test runs this)
+    python scripts/generate_trainer_config.py           # rewrite the YAML files
+    python scripts/generate_trainer_config.py --check   # exit 1 if any YAML file is out of date (a test runs this)
 
-Sections backed by dataclasses (actor_rollout_ref.*, critic, algorithm) are dumped from their defaults, then the
-cross-section links veRL expresses as interpolations are applied. The other sections are written here.
+The folder is laid out as veRL's: group folders (``actor/``, ``critic/``, ``data/``, ``engine/``, ``model/``,
+``optim/``, ``ref/``, ``reward_model/``, ``rollout/``, ``algorithm/``) with veRL's file names, and
+``ppo_trainer.yaml`` / ``ppo_megatron_trainer.yaml`` whose ``defaults:`` lists mount them at veRL's packages
+(``actor@actor_rollout_ref.actor: dp_actor``, …). `expected` is the whole composed ``ppo_trainer`` config, built
+from the dataclasses and the hand-written sections (``trainer_config_sections.py``); `files` cuts it into the group
+files (a role's common file, its ``dp_*`` / ``megatron_*`` variants, the shared ``engine`` and ``optim`` files, a
+role's file holding only what differs from the shared one). A test composes the folder with Hydra and checks it
+equals `expected`. Nodes backed by a dataclass carry ``_target_`` (veRL's class paths, which are ours too).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import sys
 from pathlib import Path
@@ -17,17 +25,97 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from verl.trainer.config.algorithm import AlgoConfig
-from verl.workers.config import ActorConfig, CriticConfig, HFModelConfig, RefConfig, RolloutConfig
+ROOT = Path(__file__).resolve().parents[1]
+for path in (ROOT, ROOT / "scripts"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
 
-YAML_PATH = Path(__file__).resolve().parents[1] / "verl" / "trainer" / "config" / "ppo_trainer.yaml"
+import trainer_config_sections as sections  # noqa: E402
+
+from verl.trainer.config.algorithm import AlgoConfig, KLControlConfig, RolloutCorrectionConfig  # noqa: E402
+from verl.workers.config import (  # noqa: E402
+    ActorConfig,
+    AgentLoopConfig,
+    CheckpointConfig,
+    CheckpointEngineConfig,
+    CriticConfig,
+    CriticModelConfig,
+    CustomAsyncServerConfig,
+    FSDPEngineConfig,
+    FSDPOptimizerConfig,
+    HFModelConfig,
+    McoreEngineConfig,
+    MultiTurnConfig,
+    PolicyLossConfig,
+    PrometheusConfig,
+    RefConfig,
+    RolloutConfig,
+    SamplingConfig,
+    TraceConfig,
+)
+
+CONFIG_DIR = ROOT / "verl" / "trainer" / "config"
 
 # Fields the worker fills in (never set by users): left out of the YAML.
 INTERNAL_FIELDS = {"global_batch_info", "data_parallel_size"}
 
+_W = "verl.workers.config."
+# ``_target_`` of the nodes a dataclass backs: veRL's class paths (each resolves to our class; a test checks it).
+TARGETS: dict[type, str] = {
+    HFModelConfig: _W + "HFModelConfig",
+    FSDPOptimizerConfig: _W + "FSDPOptimizerConfig",
+    FSDPEngineConfig: _W + "FSDPEngineConfig",
+    McoreEngineConfig: _W + "McoreEngineConfig",
+    PolicyLossConfig: _W + "PolicyLossConfig",
+    CheckpointConfig: "verl.trainer.config.CheckpointConfig",
+    RolloutConfig: _W + "RolloutConfig",
+    SamplingConfig: _W + "SamplingConfig",
+    MultiTurnConfig: _W + "MultiTurnConfig",
+    AgentLoopConfig: _W + "AgentLoopConfig",
+    CustomAsyncServerConfig: _W + "CustomAsyncServerConfig",
+    CheckpointEngineConfig: _W + "CheckpointEngineConfig",
+    TraceConfig: _W + "TraceConfig",
+    PrometheusConfig: _W + "PrometheusConfig",
+    CriticModelConfig: _W + "FSDPCriticModelCfg",
+    AlgoConfig: "verl.trainer.config.AlgoConfig",
+    KLControlConfig: "verl.trainer.config.KLControlConfig",
+    RolloutCorrectionConfig: "verl.trainer.config.RolloutCorrectionConfig",
+}
+ROLE_TARGETS = {
+    "actor": _W + "ActorConfig",
+    "dp_actor": _W + "FSDPActorConfig",
+    "megatron_actor": _W + "McoreActorConfig",
+    "critic": _W + "CriticConfig",
+    "dp_critic": _W + "FSDPCriticConfig",
+    "megatron_critic": _W + "McoreCriticConfig",
+    "megatron_optim": _W + "McoreOptimizerConfig",
+}
+
+# Keys of a role that belong to its strategy's file (dp_* / megatron_*), not to the role's common file.
+DP_ACTOR_KEYS = ("strategy", "grad_clip", "ulysses_sequence_parallel_size", "use_remove_padding")
+DP_ACTOR_KEYS += ("entropy_from_logits_with_chunking", "entropy_checkpointing")
+DP_REF_KEYS = ("ulysses_sequence_parallel_size", "use_remove_padding")
+DP_REF_KEYS += ("entropy_from_logits_with_chunking", "entropy_checkpointing")
+DP_CRITIC_KEYS = ("strategy", "grad_clip", "ulysses_sequence_parallel_size")
+
+# veRL's megatron optimizer keys beyond the shared ones (optim/megatron.yaml; megatron is refused by validation).
+MEGATRON_OPTIM = {
+    "optimizer": "adam",
+    "lr_warmup_init": 0.0,
+    "lr_decay_steps": None,
+    "lr_decay_style": "constant",
+    "min_lr": 0.0,
+    "weight_decay_incr_style": "constant",
+    "lr_wsd_decay_style": "exponential",
+    "lr_wsd_decay_steps": None,
+    "use_checkpoint_opt_param_scheduler": False,
+}
+
 HEADER = """\
-# The PPO/GRPO trainer's config: every key, with veRL's defaults. Generated by scripts/generate_trainer_config.py
-# from the config dataclasses (do not edit the dataclass-backed sections by hand; a test checks this file).
+# The PPO/GRPO trainer's config: veRL's layout, keys and defaults. Generated by scripts/generate_trainer_config.py
+# from the config dataclasses (do not edit; a test checks every file of this folder). The defaults list mounts the
+# group files (actor/dp_actor.yaml at actor_rollout_ref.actor, ...); select another as veRL does, e.g.
+# actor@actor_rollout_ref.actor=dp_actor.
 #
 #   python -m verl.trainer.main_ppo                                   # the built-in CPU demo (GRPO, tiny model)
 #   python -m verl.trainer.main_ppo data.train_files=... actor_rollout_ref.model.path=... [key=value ...]
@@ -36,11 +124,14 @@ HEADER = """\
 # reward_model.timeout_s (per-sample reward timeout), actor_rollout_ref.rollout.seed (per-sample sampling seeds),
 # data.filter_malformed_rows (drop malformed rows instead of failing).
 """
+GROUP_HEADER = "# Generated by scripts/generate_trainer_config.py (do not edit). {what}\n"
+MEGATRON_NOTE = "Megatron variant: composes, but strategy megatron is refused by validation (not implemented)."
 
 
 def dump(config: Any) -> dict[str, Any]:
-    """A dataclass's init fields as plain YAML values (nested dataclasses recursed, tuples as lists)."""
-    out: dict[str, Any] = {}
+    """A dataclass's init fields as plain YAML values (nested dataclasses recursed with their ``_target_``, tuples
+    as lists)."""
+    out: dict[str, Any] = {"_target_": TARGETS[type(config)]} if type(config) in TARGETS else {}
     for f in dataclasses.fields(config):
         if not f.init or f.name in INTERNAL_FIELDS:
             continue
@@ -49,12 +140,13 @@ def dump(config: Any) -> dict[str, Any]:
             value = dump(value)
         elif isinstance(value, tuple):
             value = list(value)
-        out[f.name] = value
+        out[f.name] = copy.deepcopy(value)
     return out
 
 
-def build() -> dict[str, Any]:
-    actor = dump(ActorConfig())
+def expected() -> dict[str, Any]:
+    """The whole composed ``ppo_trainer`` config, with the cross-section links veRL writes as interpolations."""
+    actor = {"_target_": ROLE_TARGETS["dp_actor"], **dump(ActorConfig())}
     actor["rollout_n"] = "${actor_rollout_ref.rollout.n}"
     rollout = dump(RolloutConfig())
     rollout["prompt_length"] = "${data.max_prompt_length}"
@@ -68,7 +160,7 @@ def build() -> dict[str, Any]:
     ref["log_prob_max_token_len_per_gpu"] = (
         "${oc.select:actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu,16384}"
     )
-    critic = dump(CriticConfig())
+    critic = {"_target_": ROLE_TARGETS["dp_critic"], **dump(CriticConfig())}
     critic["rollout_n"] = "${actor_rollout_ref.rollout.n}"
     critic["model"]["path"] = "${actor_rollout_ref.model.path}"
     critic["model"]["tokenizer_path"] = "${actor_rollout_ref.model.path}"
@@ -77,42 +169,7 @@ def build() -> dict[str, Any]:
     critic["forward_micro_batch_size_per_gpu"] = "${critic.ppo_micro_batch_size_per_gpu}"
     critic["forward_max_token_len_per_gpu"] = "${critic.ppo_max_token_len_per_gpu}"
     return {
-        "data": {
-            "tokenizer": None,
-            "use_shm": False,
-            "train_files": "~/data/rlhf/gsm8k/train.parquet",
-            "val_files": "~/data/rlhf/gsm8k/test.parquet",
-            "train_max_samples": -1,
-            "val_max_samples": -1,
-            "prompt_key": "prompt",
-            "reward_fn_key": "data_source",
-            "max_prompt_length": 512,
-            "max_response_length": 512,
-            "train_batch_size": 1024,
-            "gen_batch_size": "${data.train_batch_size}",
-            "val_batch_size": None,
-            "tool_config_path": "${oc.select:actor_rollout_ref.rollout.multi_turn.tool_config_path,null}",
-            "return_raw_input_ids": False,
-            "return_raw_chat": True,
-            "return_full_prompt": False,
-            "shuffle": True,
-            "seed": None,
-            "dataloader_num_workers": 8,
-            "image_patch_size": 14,
-            "validation_shuffle": False,
-            "filter_overlong_prompts": False,
-            "filter_malformed_rows": False,
-            "filter_overlong_prompts_workers": 1,
-            "truncation": "error",
-            "image_key": "images",
-            "video_key": "videos",
-            "trust_remote_code": False,
-            "custom_cls": {"path": None, "name": None},
-            "return_multi_modal_inputs": True,
-            "sampler": {"class_path": None, "class_name": None},
-            "datagen": {"path": None, "name": None},
-            "apply_chat_template_kwargs": {},
-        },
+        "data": sections.data(),
         "actor_rollout_ref": {
             "hybrid_engine": True,
             "nccl_timeout": 600,
@@ -122,109 +179,201 @@ def build() -> dict[str, Any]:
             "rollout": rollout,
         },
         "critic": critic,
-        "reward_model": {
-            "enable": False,
-            "enable_resource_pool": False,
-            "n_gpus_per_node": 0,
-            "nnodes": 0,
-            "strategy": "fsdp",
-            "model": {
-                "input_tokenizer": "${actor_rollout_ref.model.path}",
-                "path": "~/models/FsfairX-LLaMA3-RM-v0.1",
-                "external_lib": "${actor_rollout_ref.model.external_lib}",
-                "trust_remote_code": False,
-                "override_config": {},
-                "use_shm": False,
-                "use_remove_padding": False,
-                "use_fused_kernels": "${actor_rollout_ref.model.use_fused_kernels}",
-                "fsdp_config": {
-                    "param_offload": False,
-                    "reshard_after_forward": True,
-                    "fsdp_size": -1,
-                    "forward_prefetch": False,
-                },
-            },
-            "micro_batch_size": None,
-            "micro_batch_size_per_gpu": None,
-            "max_length": None,
-            "use_dynamic_bsz": "${critic.use_dynamic_bsz}",
-            "forward_max_token_len_per_gpu": "${critic.forward_max_token_len_per_gpu}",
-            "reward_manager": "naive",
-            "use_reward_loop": True,
-            "num_workers": 1,
-            "reward_loop_source": "register",
-            "reward_loop_module_path": None,
-            "reward_loop_class_name": None,
-            "launch_reward_fn_async": False,
-            "timeout_s": 30,
-            "sandbox_fusion": {"url": None, "max_concurrent": 64, "memory_limit_mb": 1024},
-            "overlong_buffer": {"enable": False, "len": 0, "penalty_factor": 0.0, "log": False},
-            "reward_kwargs": {},
-            "profiler": {},
-        },
-        "reward_manager": {
-            "source": "register",
-            "name": "${oc.select:reward_model.reward_manager,naive}",
-            "module": {"path": None, "name": "custom_reward_manager"},
-        },
-        "custom_reward_function": {"path": None, "name": "compute_score", "reward_kwargs": {}},
+        "reward_model": sections.reward_model(),
+        "reward_manager": sections.reward_manager(),
+        "custom_reward_function": sections.custom_reward_function(),
         "algorithm": dump(AlgoConfig()),
-        "trainer": {
-            "mode": "sync",
-            "device": "auto",
-            "balance_batch": True,
-            "total_epochs": 30,
-            "total_training_steps": None,
-            "profile_steps": None,
-            "project_name": "verl_examples",
-            "experiment_name": "gsm8k",
-            "logger": ["console", "wandb"],
-            "log_val_generations": 0,
-            "rollout_data_dir": None,
-            "validation_data_dir": None,
-            "nnodes": 1,
-            "n_gpus_per_node": 8,
-            "save_freq": -1,
-            "esi_redundant_time": 0,
-            "resume_mode": "auto",
-            "resume_from_path": None,
-            "val_before_train": True,
-            "val_only": False,
-            "test_freq": -1,
-            "critic_warmup": 0,
-            "default_hdfs_dir": None,
-            "del_local_ckpt_after_load": False,
-            "default_local_dir": "checkpoints/${trainer.project_name}/${trainer.experiment_name}",
-            "max_actor_ckpt_to_keep": None,
-            "max_critic_ckpt_to_keep": None,
-            "ray_wait_register_center_timeout": 300,
-            "use_legacy_worker_impl": "auto",
-        },
-        "global_profiler": {
-            "tool": None,
-            "steps": None,
-            "profile_continuous_steps": False,
-            "save_path": "outputs/profile",
-        },
-        "transfer_queue": {"enable": False},
-        "ray_kwargs": {"ray_init": {"num_cpus": None}, "timeline_json_file": None},
+        "trainer": sections.trainer(),
+        "global_profiler": sections.global_profiler(),
+        "transfer_queue": sections.transfer_queue(),
+        "ray_kwargs": sections.ray_kwargs(),
     }
 
 
-def render() -> str:
-    return HEADER + "\n" + OmegaConf.to_yaml(OmegaConf.create(build()), sort_keys=False)
+def diff(full: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """The part of ``full`` that ``base`` does not already give (mappings compared key by key)."""
+    out = {}
+    for key, value in full.items():
+        if isinstance(value, dict) and value and isinstance(base.get(key), dict):
+            sub = diff(value, base[key])
+            if sub:
+                out[key] = sub
+        elif key not in base or base[key] != value:
+            out[key] = value
+    return out
+
+
+def _pick(node: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    return {k: node[k] for k in keys if k in node}
+
+
+def _drop(node: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    return {k: v for k, v in node.items() if k not in keys}
+
+
+def _with(defaults: list[Any], body: dict[str, Any]) -> dict[str, Any]:
+    return {"defaults": defaults, **body}
+
+
+def _optim_diff(role: dict[str, Any], optim: dict[str, Any]) -> dict[str, Any]:
+    return {"optim": d} if (d := diff(role["optim"], optim)) else {}
+
+
+def files() -> dict[str, tuple[str, dict[str, Any]]]:
+    """``{path relative to verl/trainer/config: (what it is, content)}`` for every generated file."""
+    full = expected()
+    arr = full["actor_rollout_ref"]
+    actor, ref, critic, rm = arr["actor"], arr["ref"], full["critic"], full["reward_model"]
+    engine, optim = dump(FSDPEngineConfig()), dump(FSDPOptimizerConfig())
+    mcore = dump(McoreEngineConfig())
+    optim_megatron = {**optim, "_target_": ROLE_TARGETS["megatron_optim"], **MEGATRON_OPTIM}
+    dp_keys = DP_ACTOR_KEYS
+    actor_common = {"_target_": ROLE_TARGETS["actor"], **_drop(actor, ("_target_", "optim", "fsdp_config", *dp_keys))}
+    actor_common |= _optim_diff(actor, optim)
+    fsdp_diff = {"fsdp_config": d} if (d := diff(actor["fsdp_config"], engine)) else {}
+    ref_fsdp = {"fsdp_config": d} if (d := diff(ref["fsdp_config"], engine)) else {}
+    critic_model = _drop(critic["model"], ("fsdp_config",))
+    critic_fsdp = {"model": {"fsdp_config": d}} if (d := diff(critic["model"]["fsdp_config"], engine)) else {}
+    critic_common = {"_target_": ROLE_TARGETS["critic"]}
+    critic_common |= _drop(critic, ("_target_", "optim", *DP_CRITIC_KEYS)) | {"model": critic_model}
+    critic_common |= _optim_diff(critic, optim)
+    rm_common = _drop(rm, ("strategy",)) | {"model": _drop(rm["model"], ("fsdp_config",))}
+    megatron_engine = {"../engine@megatron": "megatron"}
+    dp_actor_defaults = [{"../optim@optim": "fsdp"}, {"../engine@fsdp_config": "fsdp"}, "actor", "_self_"]
+    mg_defaults = [{"../optim@optim": "megatron"}, megatron_engine, "actor", "_self_"]
+    algorithm = _drop(full["algorithm"], ("rollout_correction",))
+    trainer_body = {
+        "actor_rollout_ref": {"hybrid_engine": arr["hybrid_engine"], "nccl_timeout": arr["nccl_timeout"]},
+        **{k: v for k, v in full.items() if k not in ("data", "actor_rollout_ref", "critic", "reward_model")},
+        "algorithm": algorithm,
+    }
+    return {
+        "engine/fsdp.yaml": ("The FSDP engine (a role's fsdp_config).", engine),
+        "engine/megatron.yaml": ("The Megatron-Core engine (a role's megatron).", mcore),
+        "optim/fsdp.yaml": ("The FSDP roles' optimizer.", optim),
+        "optim/megatron.yaml": ("The Megatron roles' optimizer. " + MEGATRON_NOTE, optim_megatron),
+        "model/hf_model.yaml": ("The policy's Hugging Face model.", dump(HFModelConfig())),
+        "data/legacy_data.yaml": ("The RL dataset.", full["data"]),
+        "rollout/rollout.yaml": ("The rollout (generation) role.", arr["rollout"]),
+        "algorithm/rollout_correction.yaml": (
+            "Rollout correction (algorithm.rollout_correction).",
+            dump(RolloutCorrectionConfig()),
+        ),
+        "actor/actor.yaml": ("The actor's keys common to every strategy.", actor_common),
+        "actor/dp_actor.yaml": (
+            "The FSDP actor.",
+            _with(dp_actor_defaults, {"_target_": actor["_target_"], **_pick(actor, dp_keys), **fsdp_diff}),
+        ),
+        "actor/megatron_actor.yaml": (
+            MEGATRON_NOTE,
+            _with(
+                mg_defaults,
+                {
+                    "_target_": ROLE_TARGETS["megatron_actor"],
+                    **_pick(actor, dp_keys),
+                    "strategy": "megatron",
+                    "load_weight": True,
+                },
+            ),
+        ),
+        "ref/ref.yaml": (
+            "The reference policy's keys common to every strategy.",
+            _drop(ref, ("fsdp_config", *DP_REF_KEYS)),
+        ),
+        "ref/dp_ref.yaml": (
+            "The FSDP reference policy.",
+            _with(["ref", {"../engine@fsdp_config": "fsdp"}, "_self_"], {**_pick(ref, DP_REF_KEYS), **ref_fsdp}),
+        ),
+        "ref/megatron_ref.yaml": (
+            MEGATRON_NOTE,
+            _with(
+                ["ref", megatron_engine, "_self_"],
+                {**_pick(ref, DP_REF_KEYS), "load_weight": True, "megatron": {"forward_only": True}},
+            ),
+        ),
+        "critic/critic.yaml": ("The critic's keys common to every strategy.", critic_common),
+        "critic/dp_critic.yaml": (
+            "The FSDP critic.",
+            _with(
+                [{"../optim@optim": "fsdp"}, {"../engine@model.fsdp_config": "fsdp"}, "critic", "_self_"],
+                {"_target_": critic["_target_"], **_pick(critic, DP_CRITIC_KEYS), **critic_fsdp},
+            ),
+        ),
+        "critic/megatron_critic.yaml": (
+            MEGATRON_NOTE,
+            _with(
+                [{"../optim@optim": "megatron"}, megatron_engine, "critic", "_self_"],
+                {
+                    "_target_": ROLE_TARGETS["megatron_critic"],
+                    **_pick(critic, DP_CRITIC_KEYS),
+                    "strategy": "megatron",
+                    "load_weight": True,
+                },
+            ),
+        ),
+        "reward_model/reward_model.yaml": ("The reward model's keys common to every strategy.", rm_common),
+        "reward_model/dp_reward_model.yaml": (
+            "The FSDP reward model.",
+            _with(
+                ["reward_model", "_self_"],
+                {"strategy": rm["strategy"], "model": {"fsdp_config": rm["model"]["fsdp_config"]}},
+            ),
+        ),
+        "reward_model/megatron_reward_model.yaml": (
+            MEGATRON_NOTE,
+            _with(["reward_model", megatron_engine, "_self_"], {"strategy": "megatron", "load_weight": True}),
+        ),
+        "ppo_trainer.yaml": ("", _with(trainer_defaults("dp"), trainer_body)),
+        "ppo_megatron_trainer.yaml": (MEGATRON_NOTE, _with(trainer_defaults("megatron"), trainer_body)),
+    }
+
+
+def trainer_defaults(strategy: str) -> list[Any]:
+    """The defaults list of ``ppo_trainer`` (``dp``) or ``ppo_megatron_trainer`` (``megatron``): veRL's groups and
+    packages."""
+    return [
+        {"actor@actor_rollout_ref.actor": f"{strategy}_actor"},
+        {"data@data": "legacy_data"},
+        {"ref@actor_rollout_ref.ref": f"{strategy}_ref"},
+        {"rollout@actor_rollout_ref.rollout": "rollout"},
+        {"model@actor_rollout_ref.model": "hf_model"},
+        {"critic@critic": f"{strategy}_critic"},
+        {"reward_model@reward_model": f"{strategy}_reward_model"},
+        {"algorithm@algorithm.rollout_correction": "rollout_correction"},
+        "_self_",
+    ]
+
+
+def render() -> dict[Path, str]:
+    """``{absolute path: text}`` of every generated file."""
+    out = {}
+    for rel, (what, content) in files().items():
+        head = HEADER if rel == "ppo_trainer.yaml" else GROUP_HEADER.format(what=what)
+        out[CONFIG_DIR / rel] = head + "\n" + OmegaConf.to_yaml(OmegaConf.create(content), sort_keys=False)
+    return out
+
+
+def stale(texts: dict[Path, str]) -> list[Path]:
+    """YAML files of the folder that the generator does not write (left over from an older layout)."""
+    return sorted(p for p in CONFIG_DIR.rglob("*.yaml") if p not in texts)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="fail if the YAML differs from the generated text")
+    parser.add_argument("--check", action="store_true", help="fail if a YAML file differs from the generated text")
     args = parser.parse_args()
-    text = render()
+    texts = render()
     if args.check:
-        if YAML_PATH.read_text() != text:
-            sys.exit(f"{YAML_PATH} is out of date: run python scripts/generate_trainer_config.py")
+        bad = [p for p, text in texts.items() if not p.exists() or p.read_text() != text] + stale(texts)
+        if bad:
+            names = ", ".join(str(p.relative_to(ROOT)) for p in bad)
+            sys.exit(f"out of date or stale: {names}; run python scripts/generate_trainer_config.py")
         return
-    YAML_PATH.write_text(text)
+    for path, text in texts.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    for path in stale(texts):
+        print(f"not generated here (remove it if it is left over): {path.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

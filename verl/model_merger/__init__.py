@@ -16,6 +16,9 @@ _EXPORTS = {
     "compare_fsdp_checkpoint": "verl.model_merger.fsdp",
     "load_fsdp_model_state_dict": "verl.model_merger.fsdp",
     "merge_fsdp_checkpoint": "verl.model_merger.fsdp",
+    "load_checkpoint_state_dict": "verl.model_merger.fsdp",
+    "is_verl_fsdp_checkpoint": "verl.model_merger.verl_fsdp",
+    "load_verl_fsdp_state_dict": "verl.model_merger.verl_fsdp",
 }
 
 __all__ = sorted(_EXPORTS)

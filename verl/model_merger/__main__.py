@@ -4,6 +4,9 @@
 write with a reference Hugging Face folder (``--test_hf_dir``) tensor by tensor and exits with status 1 naming the
 tensors that differ. Errors (a missing or damaged file, keys that do not fit) exit with status 1 and name the file
 or key; usage errors (an unsupported option) exit with status 2.
+
+``--local_dir`` may hold this repository's DCP checkpoint (``.metadata``, ``*.distcp``) or one written by veRL's
+FSDP checkpoint manager (``model_world_size_{W}_rank_{R}.pt``, ``fsdp_config.json``); the layout is detected.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="operation", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--backend", required=True, help="checkpoint backend: fsdp (megatron is not supported here)")
-    common.add_argument("--local_dir", required=True, help="the checkpoint folder, e.g. .../global_step_N/actor")
+    common.add_argument(
+        "--local_dir", required=True, help="the checkpoint folder, e.g. .../global_step_N/actor (DCP or veRL's layout)"
+    )
     common.add_argument(
         "--hf_model_config_path",
         default=None,

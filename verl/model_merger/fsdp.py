@@ -3,6 +3,9 @@
 ``FSDPEngine.save_checkpoint(path)`` writes ``{"model": <module state dict>, "optimizer": ...}`` with
 torch.distributed.checkpoint, so the model's tensors are stored under ``model.<HF name>``. Only those entries are
 read (their global shapes and dtypes are in ``.metadata``); the optimizer state is never loaded.
+
+A folder in veRL's own FSDP layout (``model_world_size_{W}_rank_{R}.pt`` files, ``fsdp_config.json``) is read by
+``verl.model_merger.verl_fsdp`` instead; ``merge_fsdp_checkpoint`` and ``compare_fsdp_checkpoint`` take either.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from verl.model_merger import verl_fsdp
 from verl.model_merger.hf_export import (
     build_hf_model,
     compare_state_dicts,
@@ -30,7 +34,9 @@ from verl.workers.engine.hf_model import torch_dtype
 __all__ = [
     "HF_CONFIG_FOLDER",
     "MODEL_PREFIX",
+    "check_model_checkpoint_files",
     "compare_fsdp_checkpoint",
+    "load_checkpoint_state_dict",
     "load_fsdp_model_state_dict",
     "merge_fsdp_checkpoint",
     "resolve_config_dir",
@@ -88,6 +94,29 @@ def load_fsdp_model_state_dict(local_dir: str, dtype: torch.dtype | str | None =
     return merged
 
 
+def check_model_checkpoint_files(local_dir: str) -> None:
+    """Check the files of either layout at ``local_dir`` (DCP, or veRL's ``model_world_size_*_rank_*.pt``); raises
+    FileNotFoundError / ValueError naming the missing or damaged file."""
+    if verl_fsdp.is_verl_fsdp_checkpoint(local_dir):
+        verl_fsdp.check_verl_checkpoint_files(local_dir)
+        return
+    if os.path.isdir(local_dir) and not any(
+        name == METADATA_FILE or name.endswith(".distcp") for name in os.listdir(local_dir)
+    ):
+        raise FileNotFoundError(
+            f"{local_dir} holds no model checkpoint: neither a DCP checkpoint ({METADATA_FILE}, *.distcp) nor veRL's "
+            "FSDP rank files (model_world_size_<W>_rank_<R>.pt)"
+        )
+    check_checkpoint_files(local_dir)
+
+
+def load_checkpoint_state_dict(local_dir: str, dtype: torch.dtype | str | None = None) -> dict[str, torch.Tensor]:
+    """The full model state dict of the checkpoint at ``local_dir``, in either layout (see the module docstring)."""
+    if verl_fsdp.is_verl_fsdp_checkpoint(local_dir):
+        return verl_fsdp.load_verl_fsdp_state_dict(local_dir, dtype=_torch_dtype(dtype))
+    return load_fsdp_model_state_dict(local_dir, dtype=dtype)
+
+
 def resolve_config_dir(local_dir: str, hf_model_config_path: str | None) -> str:
     """``hf_model_config_path`` or ``<local_dir>/huggingface``; raises FileNotFoundError when it has no
     ``config.json``."""
@@ -110,15 +139,16 @@ def merge_fsdp_checkpoint(
     trust_remote_code: bool = False,
     dtype: torch.dtype | str | None = None,
 ) -> str:
-    """Write the FSDP checkpoint at ``local_dir`` as a Hugging Face folder at ``target_dir``; returns ``target_dir``.
+    """Write the FSDP checkpoint at ``local_dir`` (DCP or veRL's layout) as a Hugging Face folder at ``target_dir``;
+    returns ``target_dir``.
 
     The model config (and tokenizer files) come from ``hf_model_config_path`` (default ``<local_dir>/huggingface``).
     ``is_value_model`` builds a token-classification model with one label (a critic). Weights keep the checkpoint's
     dtype unless ``dtype`` is given. Errors name the missing/corrupt file or the keys that do not fit.
     """
-    check_checkpoint_files(local_dir)
+    check_model_checkpoint_files(local_dir)
     config_dir = resolve_config_dir(local_dir, hf_model_config_path)
-    state_dict = load_fsdp_model_state_dict(local_dir, dtype=dtype)
+    state_dict = load_checkpoint_state_dict(local_dir, dtype=dtype)
     return save_hf_model(
         state_dict, config_dir, target_dir, is_value_model=is_value_model, trust_remote_code=trust_remote_code
     )
@@ -139,11 +169,11 @@ def compare_fsdp_checkpoint(
     Returns ``(number of tensors compared, differences)``; each difference names a tensor (see
     ``compare_state_dicts``), and the list is empty when names, shapes, dtypes and values (within ``atol``) agree.
     """
-    check_checkpoint_files(local_dir)
+    check_model_checkpoint_files(local_dir)
     config_dir = resolve_config_dir(local_dir, hf_model_config_path)
     if not os.path.isdir(test_hf_dir):
         raise FileNotFoundError(f"reference folder {test_hf_dir} does not exist")
-    state_dict = load_fsdp_model_state_dict(local_dir, dtype=dtype)
+    state_dict = load_checkpoint_state_dict(local_dir, dtype=dtype)
     merged = build_hf_model(
         state_dict, config_dir, is_value_model=is_value_model, trust_remote_code=trust_remote_code
     ).state_dict()

@@ -113,6 +113,10 @@ class TaskRunner:
     (and passes it to :func:`run_ppo` as ``task_runner_class``).
     """
 
+    #: the trainer class ``run`` builds (a recipe's runner may name its ``RayPPOTrainer`` subclass here instead of
+    #: rewriting ``run``); None: ``RayPPOTrainer``
+    trainer_class: type | None = None
+
     def __init__(self) -> None:
         self.role_worker_mapping: dict[Any, Any] = {}
         self.mapping: dict[Any, str] = {}
@@ -169,7 +173,7 @@ class TaskRunner:
         return ResourcePoolManager(spec, self.mapping, use_gpu=use_gpu)
 
     def run(self, config: DictConfig) -> None:
-        """Build everything from ``config`` and train."""
+        """Build everything from ``config`` and train with :attr:`trainer_class`."""
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", force=True)
 
         from verl.trainer.ppo.ray_trainer import RayPPOTrainer
@@ -182,7 +186,7 @@ class TaskRunner:
         self.add_reward_model_worker(config)
         self.add_ref_policy_worker(config, actor_rollout_cls)
         tokenizer = load_tokenizer(config.actor_rollout_ref.model)
-        reward_kwargs = OmegaConf.to_container(config.reward_model.get("reward_kwargs") or {}, resolve=True)
+        reward_kwargs = dict(config.reward_model.get("reward_kwargs") or {})  # +reward_model.reward_kwargs.*
         reward_fn = load_reward_manager(config, tokenizer, num_examine=0, **reward_kwargs)
         val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1, **reward_kwargs)
         train_dataset = create_rl_dataset(config.data.train_files, config.data, tokenizer)
@@ -191,7 +195,7 @@ class TaskRunner:
             if config.data.val_files
             else None
         )
-        trainer = RayPPOTrainer(
+        trainer = (self.trainer_class or RayPPOTrainer)(
             config,
             tokenizer,
             self.role_worker_mapping,
@@ -235,14 +239,15 @@ def _worker_env() -> dict[str, str]:
     return env
 
 
-def run_ppo(config: DictConfig, task_runner_class: Any = None) -> None:
+def run_ppo(config: DictConfig, task_runner_class: Any = None, schema: DictConfig | None = None) -> None:
     """Validate ``config`` (every problem at once, before Ray starts), start Ray, run the job in a TaskRunner.
 
     ``task_runner_class``: a recipe's runner (default :class:`TaskRunner`), a plain class or one already decorated
     with ``ray.remote`` (veRL's recipes pass ``ray.remote(num_cpus=1)(MyRunner)``); it is started with the
-    workers' environment either way."""
+    workers' environment either way. ``schema``: the keys allowed (default: the base config plus what the running
+    Hydra app's primary yaml declares; see `verl.trainer.config.schema`)."""
     _import_external_lib(config)
-    validate_config(config)
+    validate_config(config, schema=schema)
     if not ray.is_initialized():
         ray_init = OmegaConf.to_container(config.ray_kwargs.ray_init, resolve=True) or {}
         ray_init = {k: v for k, v in ray_init.items() if v is not None}

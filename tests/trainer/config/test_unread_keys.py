@@ -4,27 +4,14 @@ start-up checks (rollout mode, agent loops, engine limits, local paths, external
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 import pytest
 from omegaconf import OmegaConf
 
+from tests.trainer.config.test_validate import VALID
 from verl.trainer.config import unread
 from verl.trainer.config.validate import ConfigError, base_config, merged, validate_config
-
-ROOT = Path(__file__).resolve().parents[3]
-VALID = [
-    f"actor_rollout_ref.model.path={ROOT}",  # any existing folder
-    "data.train_batch_size=8",
-    "actor_rollout_ref.rollout.n=2",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
-    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-    "critic.ppo_micro_batch_size_per_gpu=2",
-    "trainer.n_gpus_per_node=2",
-]
 
 # Values away from the default for leaves whose default (null, a string, a list, a mapping) suggests none.
 AWAY: dict[str, Any] = {
@@ -67,6 +54,8 @@ AWAY: dict[str, Any] = {
     "trainer.profile_steps": [1, 2],
     "trainer.use_legacy_worker_impl": "disable",
     "ray_kwargs.timeline_json_file": "/tmp/timeline.json",
+    "actor_rollout_ref.ref.model": {"path": "/tmp/ref_model"},
+    "global_profiler.global_tool_config.nsys.discrete": True,
 }
 
 

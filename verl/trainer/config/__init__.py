@@ -1,4 +1,4 @@
-"""Config schemas of the trainer's Hydra groups."""
+"""Config schemas of the trainer's Hydra groups (and `CheckpointConfig` at veRL's path, for ``_target_`` keys)."""
 
 from verl.trainer.config.algorithm import (
     AlgoConfig,
@@ -7,5 +7,13 @@ from verl.trainer.config.algorithm import (
     PFPPOConfig,
     RolloutCorrectionConfig,
 )
+from verl.workers.config.checkpoint import CheckpointConfig
 
-__all__ = ["AlgoConfig", "FilterGroupsConfig", "KLControlConfig", "PFPPOConfig", "RolloutCorrectionConfig"]
+__all__ = [
+    "AlgoConfig",
+    "CheckpointConfig",
+    "FilterGroupsConfig",
+    "KLControlConfig",
+    "PFPPOConfig",
+    "RolloutCorrectionConfig",
+]

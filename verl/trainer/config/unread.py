@@ -1,7 +1,7 @@
 """Keys the trainer accepts (so veRL command lines keep working) but does not act on, and what happens when one is set.
 
-Every entry of `UNREAD` is a key or a mapping of keys (then: each leaf under it) of ``ppo_trainer.yaml``. A value
-away from the YAML's default is reported at start-up by `report_unread`: ``"warn"`` logs a warning naming the key,
+Every entry of `UNREAD` is a key or a mapping of keys (then: each leaf under it) of the composed ``ppo_trainer``. A
+value away from the YAML's default is reported at start-up by `report_unread`: ``"warn"`` logs a warning naming the key,
 the value and why it has no effect (running without it is harmless: a speed, memory or infrastructure knob);
 ``"error"`` adds a problem to the validation's list (ignoring it would give another result than the one asked for).
 A key inside a mapping entry is judged by the most specific entry that covers it.
@@ -106,6 +106,15 @@ UNREAD: tuple[Unread, ...] = (
     Unread("actor_rollout_ref.actor.optim.clip_grad", "warn", "the actor clips with actor_rollout_ref.actor.grad_clip"),
     *_fsdp("actor_rollout_ref.actor.fsdp_config"),
     Unread("actor_rollout_ref.actor.router_replay", "error", "MoE router replay is not implemented"),
+    Unread("actor_rollout_ref.actor.entropy_from_logits_with_chunking", "warn", "the entropy is computed in one pass"),
+    Unread("actor_rollout_ref.actor.entropy_checkpointing", "warn", "the entropy is not recomputed in the backward"),
+    Unread("actor_rollout_ref.ref.entropy_from_logits_with_chunking", "warn", "the entropy is computed in one pass"),
+    Unread("actor_rollout_ref.ref.entropy_checkpointing", "warn", "the entropy is not recomputed in the backward"),
+    Unread(
+        "actor_rollout_ref.ref.model",
+        "error",
+        "the reference policy is always the policy's initial model (actor_rollout_ref.model)",
+    ),
     Unread("actor_rollout_ref.ref.ulysses_sequence_parallel_size", "error", _SP),
     Unread("actor_rollout_ref.ref.use_torch_compile", "warn", _COMPILE),
     *_fsdp("actor_rollout_ref.ref.fsdp_config"),
@@ -194,6 +203,7 @@ UNREAD: tuple[Unread, ...] = (
         Unread(f"reward_model.{name}", "error", "custom reward loops are not loaded; use reward_manager.* instead")
         for name in ("reward_loop_source", "reward_loop_module_path", "reward_loop_class_name")
     ),
+    Unread("reward_model.ulysses_sequence_parallel_size", "error", _SP),
     Unread("reward_model.launch_reward_fn_async", "warn", "rewards are computed in the driver's worker pool"),
     Unread("reward_model.sandbox_fusion", "warn", "no built-in scorer runs code (no SandboxFusion client)"),
     # trainer and the rest
@@ -202,6 +212,12 @@ UNREAD: tuple[Unread, ...] = (
     Unread("trainer.del_local_ckpt_after_load", "warn", "checkpoints are kept after loading (no remote copy)"),
     Unread("trainer.ray_wait_register_center_timeout", "warn", "the workers start without a register center"),
     Unread("trainer.use_legacy_worker_impl", "warn", "there is one worker implementation"),
+    Unread(
+        "global_profiler.global_tool_config",
+        "warn",
+        "only the torch profiler is available (global_profiler.tool=torch); the nsys and torch_memory options are "
+        "not used",
+    ),
     Unread("transfer_queue.enable", "error", "the transfer queue is not implemented"),
     Unread("ray_kwargs.timeline_json_file", "warn", "no Ray timeline is written"),
 )
@@ -213,6 +229,9 @@ NAME_USED_ELSEWHERE: frozenset[str] = frozenset(
         "data.tokenizer",
         "data.trust_remote_code",
         "actor_rollout_ref.actor.fsdp_config.entropy_from_logits_with_chunking",
+        "actor_rollout_ref.actor.entropy_from_logits_with_chunking",
+        "actor_rollout_ref.ref.entropy_from_logits_with_chunking",
+        "actor_rollout_ref.ref.model",
         "actor_rollout_ref.ref.fsdp_config.entropy_from_logits_with_chunking",
         "critic.model.fsdp_config.entropy_from_logits_with_chunking",
         "actor_rollout_ref.actor.optim.clip_grad",  # the engine's default max_norm; the workers pass grad_clip
@@ -253,7 +272,8 @@ def _leaves(node: Any, prefix: str) -> Iterator[str]:
     """The dotted leaf keys of a schema node (a non-empty mapping is walked; anything else is a leaf)."""
     if isinstance(node, DictConfig) and not node._is_none() and len(node) > 0:
         for key in node:
-            yield from _leaves(node._get_node(key), f"{prefix}.{key}")
+            if key != "_target_":  # a dataclass pointer, not a setting
+                yield from _leaves(node._get_node(key), f"{prefix}.{key}")
     else:
         yield prefix
 

@@ -1,11 +1,13 @@
 """Validate the whole trainer config before any worker starts, reporting every problem at once.
 
-Each problem names the key, the value and the fix. Checks: keys that the schema (``ppo_trainer.yaml``) does not
-have, values of the wrong type, the config dataclasses' own validation, batch sizes that do not divide over the
-workers, the rollout engine's limits (``rollout.mode``, vLLM's tensor-parallel size), the profiler, and keys verl
-accepts but does not act on (`verl.trainer.config.unread`: a value without effect here logs a warning; a value whose
-meaning verl would get wrong is an error). With ``check_environment``, also what this machine must have: the
-rollout engine's package, the local model folders and the ``model.external_lib`` modules.
+Each problem names the key, the value and the fix. Checks: keys that the schema does not have (the composed
+``ppo_trainer`` config, plus what a recipe's own yaml declares: `verl.trainer.config.schema`; ``_target_`` keys
+are accepted anywhere), values of the wrong type, the config dataclasses' own validation, batch sizes that do not
+divide over the workers, the rollout engine's limits (``rollout.mode``, vLLM's tensor-parallel size), the
+profiler, and keys verl accepts but does not act on (`verl.trainer.config.unread`: a value without effect here
+logs a warning; a value whose meaning verl would get wrong is an error). With ``check_environment``, also what
+this machine must have: the rollout engine's package, the local model folders and the ``model.external_lib``
+modules.
 """
 
 from __future__ import annotations
@@ -15,13 +17,14 @@ import importlib.util
 import logging
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from verl.base_config import omega_conf_to_dataclass
 from verl.trainer.config.algorithm import SUM_PI_SQUARED_ESTIMATORS, AlgoConfig
+from verl.trainer.config.compose import CONFIG_DIR, compose_config, is_group_override
+from verl.trainer.config.schema import running_schema
 from verl.trainer.config.unread import report_unread
 from verl.workers.config import ActorConfig, CriticConfig, HFModelConfig, RefConfig, RolloutConfig
 from verl.workers.config.rollout import ROLLOUT_MODES
@@ -30,7 +33,8 @@ __all__ = ["ConfigError", "base_config", "need_critic", "need_reference_policy",
 
 logger = logging.getLogger(__name__)
 
-BASE_YAML = Path(__file__).with_name("ppo_trainer.yaml")
+BASE_YAML = CONFIG_DIR / "ppo_trainer.yaml"
+TARGET = "_target_"
 TRAINER_MODES = ("sync", "colocate_async", "separate_async")
 IMPLEMENTED_MODES = ("sync",)
 
@@ -44,9 +48,10 @@ class ConfigError(ValueError):
         super().__init__(f"{len(self.problems)} problem(s) in the config:\n{lines}")
 
 
-def base_config() -> DictConfig:
-    """The schema and defaults: ``verl/trainer/config/ppo_trainer.yaml``."""
-    return OmegaConf.load(BASE_YAML)
+def base_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """The schema and defaults: ``ppo_trainer`` composed from its Hydra groups (cached; a fresh copy each call,
+    struct mode off). ``overrides``: Hydra overrides, e.g. ``["actor@actor_rollout_ref.actor=dp_actor"]``."""
+    return compose_config("ppo_trainer", tuple(overrides))
 
 
 def world_size(config: Any) -> int:
@@ -102,8 +107,10 @@ def _walk(user: DictConfig, schema: DictConfig, prefix: str, problems: list[str]
     """Unknown keys and wrong types of ``user`` against ``schema`` (both DictConfigs, unresolved)."""
     for key in user:
         path = f"{prefix}.{key}" if prefix else str(key)
+        if key == TARGET:  # veRL's dataclass pointers: accepted anywhere, ignored when building
+            continue
         if key not in schema:
-            known = ", ".join(sorted(str(k) for k in schema))
+            known = ", ".join(sorted(str(k) for k in schema if k != TARGET))
             problems.append(f"unknown key {path!r}; the keys at {prefix or 'the top level'} are: {known}")
             continue
         unode, snode = user._get_node(key), schema._get_node(key)
@@ -240,13 +247,17 @@ def _looks_local(path: str) -> bool:
     return os.path.isabs(path) or path in (".", "..") or path.startswith(("~", "./", "../"))
 
 
+def _running_model_keys(config: Any, leaf: str) -> list[str]:
+    """``<role>.model.<leaf>`` of the roles that run: the actor always, the critic and the reward model when used."""
+    roles = (
+        ["actor_rollout_ref"] + ["critic"] * need_critic(config) + ["reward_model"] * bool(config.reward_model.enable)
+    )
+    return [f"{role}.model.{leaf}" for role in roles]
+
+
 def _local_paths(config: Any, problems: list[str]) -> None:
     """Local-looking model and tokenizer paths must be folders (a hub id is left to the loader)."""
-    keys = ["actor_rollout_ref.model.path", "actor_rollout_ref.model.tokenizer_path"]
-    if need_critic(config):
-        keys.append("critic.model.path")
-    if config.reward_model.enable:
-        keys.append("reward_model.model.path")
+    keys = ["actor_rollout_ref.model.tokenizer_path", *_running_model_keys(config, "path")]
     seen = set()
     for key in keys:
         value = OmegaConf.select(config, key, default=None)
@@ -259,13 +270,8 @@ def _local_paths(config: Any, problems: list[str]) -> None:
 
 def _external_libs(config: Any, problems: list[str]) -> None:
     """Every ``model.external_lib`` of a role that runs must name an importable module."""
-    keys = ["actor_rollout_ref.model.external_lib"]
-    if need_critic(config):
-        keys.append("critic.model.external_lib")
-    if config.reward_model.enable:
-        keys.append("reward_model.model.external_lib")
     seen = set()
-    for key in keys:
+    for key in _running_model_keys(config, "external_lib"):
         value = OmegaConf.select(config, key, default=None)
         names = [value] if isinstance(value, str) else list(value) if isinstance(value, ListConfig | list) else None
         if value is not None and (names is None or not all(isinstance(n, str) and n for n in names)):
@@ -317,18 +323,60 @@ def _estimator(config: Any, problems: list[str]) -> None:
         problems.append(f"algorithm.adv_estimator={estimator!r} needs the old-log-prob pass, which bypass_mode skips")
 
 
-def validate_config(config: DictConfig, check_environment: bool = True) -> None:
+def _overlong_buffer(config: Any, problems: list[str]) -> None:
+    """``reward_model.overlong_buffer.enable`` with a registered manager that does not apply the buffer would train
+    without the overlong punishment: refused."""
+    if not (config.reward_model.get("overlong_buffer") or {}).get("enable", False):
+        return
+    manager = config.get("reward_manager") or {}
+    if (manager.get("source") or "register") != "register":
+        return  # an importlib manager is checked when it is built
+    from verl.trainer.ppo.reward import _constructor_parameters
+    from verl.workers.reward_manager import REWARD_MANAGER_REGISTRY
+
+    name = manager.get("name") or config.reward_model.get("reward_manager") or "naive"
+    cls = REWARD_MANAGER_REGISTRY.get(name)
+    if cls is not None and "overlong_buffer_cfg" not in _constructor_parameters(cls)[0]:
+        problems.append(
+            f"reward_model.overlong_buffer.enable=true, but the reward manager {name!r} does not apply the overlong "
+            "buffer: set reward_model.reward_manager=dapo (reward_manager.name=dapo) or disable the buffer"
+        )
+
+
+def _only_base(config: DictConfig, base: DictConfig) -> DictConfig:
+    """``config`` without the keys a recipe's schema added (under non-open base mappings), so the config dataclasses
+    are checked on the keys they know; the recipe's own code reads the rest."""
+    for key in list(config):
+        if key == TARGET:
+            continue
+        if key not in base:
+            del config[key]
+            continue
+        node, bnode = config._get_node(key), base._get_node(key)
+        if isinstance(node, DictConfig) and isinstance(bnode, DictConfig) and not _is_open(bnode):
+            _only_base(node, bnode)
+    return config
+
+
+def validate_config(config: DictConfig, check_environment: bool = True, schema: DictConfig | None = None) -> None:
     """Raise `ConfigError` listing every problem of ``config`` (a composed trainer config). ``check_environment``:
     also check that this environment can run it (the rollout engine's package is installed, local model paths are
     folders, ``model.external_lib`` modules import); off to check a config meant for another machine. Keys accepted
-    but not acted on log a warning when set (see `verl.trainer.config.unread`)."""
+    but not acted on log a warning when set (see `verl.trainer.config.unread`).
+
+    ``schema``: the keys allowed (default: the base config, plus, under a running Hydra app whose primary config is
+    a recipe's yaml, the keys that yaml declares; see `verl.trainer.config.schema`)."""
     problems: list[str] = []
     base = base_config()
-    _walk(config, base, "", problems)
+    if schema is None:
+        found = running_schema(base)
+        if found is not None:
+            schema, problems = found[0], list(found[1])
+    _walk(config, schema if schema is not None else base, "", problems)
     if problems:  # unknown keys / wrong types: the rest would only repeat them
         raise ConfigError(problems)
     resolved = OmegaConf.to_container(config, resolve=True)
-    cfg = OmegaConf.create(resolved)
+    cfg = _only_base(OmegaConf.create(resolved), base)
     arr = cfg.actor_rollout_ref
     _dataclass_problem(lambda: omega_conf_to_dataclass(arr.model, HFModelConfig), "actor_rollout_ref.model", problems)
     # a bad rollout.mode is reported by _rollout; check the rest of the rollout section as if it were async
@@ -360,6 +408,7 @@ def validate_config(config: DictConfig, check_environment: bool = True) -> None:
     _profiler(cfg, problems)
     report_unread(config, problems, base)
     _estimator(cfg, problems)
+    _overlong_buffer(cfg, problems)
     if check_environment:
         _rollout_engine(cfg, problems)
         _local_paths(cfg, problems)
@@ -369,9 +418,13 @@ def validate_config(config: DictConfig, check_environment: bool = True) -> None:
 
 
 def merged(overrides: Mapping[str, Any] | list[str] | None = None) -> DictConfig:
-    """The base config with ``overrides`` (a dotlist like ``["data.train_batch_size=8"]`` or a nested mapping)."""
-    base = base_config()
+    """The base config with ``overrides``: a dotlist like ``["data.train_batch_size=8"]`` (group selections such as
+    ``actor@actor_rollout_ref.actor=dp_actor`` are composed by Hydra; keys are merged, so an unknown key stays for
+    validation to report) or a nested mapping."""
     if overrides is None:
-        return base
-    extra = OmegaConf.from_dotlist(list(overrides)) if isinstance(overrides, list) else OmegaConf.create(overrides)
-    return OmegaConf.merge(base, extra)
+        return base_config()
+    if not isinstance(overrides, list):
+        return OmegaConf.merge(base_config(), OmegaConf.create(overrides))
+    groups = [o for o in overrides if is_group_override(o)]
+    keys = [o for o in overrides if not is_group_override(o)]
+    return OmegaConf.merge(base_config(groups), OmegaConf.from_dotlist(keys))

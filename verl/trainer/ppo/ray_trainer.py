@@ -233,14 +233,21 @@ class RayPPOTrainer:
         return gen
 
     def _generate(
-        self, batch: DataProto, n: int | None = None, validate: bool = False, do_sample: bool = True
+        self,
+        batch: DataProto,
+        n: int | None = None,
+        validate: bool = False,
+        do_sample: bool = True,
+        first_prompt: int = 0,
     ) -> DataProto:
         """Generate ``n`` responses per prompt (greedy without ``do_sample``); returns the prompts' rows repeated
         ``n`` times joined with them, and ``meta_info["generation"]``: the generation's ``timing`` and its workers'
-        ``metrics``. ``batch`` itself is left as it was."""
+        ``metrics``. ``batch`` itself is left as it was. The prompts are numbered from ``first_prompt`` (the number
+        seeds their samples: each generation batch of a step needs its own)."""
         n = n or self.config.actor_rollout_ref.rollout.n
         batch = batch.select(batch_keys=list(batch.batch.keys()))  # a shallow copy: _get_gen_batch pops from it
         gen = self._get_gen_batch(batch)
+        gen.batch["prompt_index"] += first_prompt
         gen.meta_info.update(validate=validate)
         if not do_sample:
             gen.meta_info["do_sample"] = False
@@ -552,8 +559,8 @@ class RayPPOTrainer:
         self._step_uids(batch, epoch)
         batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
         prompts = batch
-        with self._stage("gen", timing):
-            batch = self._generate(prompts)
+        with self._stage("gen", timing):  # DAPO's extra generation batches of a step get fresh seeds
+            batch = self._generate(prompts, first_prompt=step.gen_batches * len(prompts))
         generation = batch.meta_info.pop("generation")
         timing.update(generation["timing"])
         metrics.update(generation["metrics"])

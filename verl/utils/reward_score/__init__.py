@@ -4,8 +4,10 @@
 |-----------------------------------------------------------------------------|----------------------------------|
 | ``openai/gsm8k``, ``gsm8k``                                                 | :mod:`.gsm8k` (``#### <n>``)     |
 | ``lighteval/MATH``, ``DigitalLearningGmbH/MATH-lighteval``,                 | :mod:`.math_verify` when         |
-| ``HuggingFaceH4/MATH-500``, ``math``                                        | math-verify is installed, else   |
+| ``HuggingFaceH4/MATH-500``                                                  | math-verify is installed, else   |
 |                                                                             | :mod:`.math_reward` (``\\boxed``) |
+| ``math_dapo``, ``math``, ``math_dapo_reasoning``, any name starting with    | :mod:`.math_dapo` (DAPO's        |
+| ``aime`` (veRL's routing)                                                   | ``Answer:`` line, ±1)            |
 | ``verl/arithmetic`` (the built-in demo task)                                | :mod:`.arithmetic`               |
 
 Any other data source raises ``NotImplementedError``: score it with ``custom_reward_function.path``.
@@ -17,12 +19,27 @@ import functools
 import importlib.util
 from typing import Any
 
-from verl.utils.reward_score import arithmetic, gsm8k, math_reward
+from verl.utils.reward_score import arithmetic, gsm8k, math_dapo, math_reward
 
-__all__ = ["GSM8K_DATA_SOURCES", "MATH_DATA_SOURCES", "default_compute_score", "math_verify_available"]
+__all__ = [
+    "DAPO_DATA_SOURCES",
+    "DAPO_DATA_SOURCE_PREFIX",
+    "GSM8K_DATA_SOURCES",
+    "MATH_DATA_SOURCES",
+    "default_compute_score",
+    "is_dapo_data_source",
+    "math_verify_available",
+]
 
 GSM8K_DATA_SOURCES = ("openai/gsm8k", "gsm8k")
-MATH_DATA_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "math")
+MATH_DATA_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
+DAPO_DATA_SOURCES = ("math_dapo", "math", "math_dapo_reasoning")
+DAPO_DATA_SOURCE_PREFIX = "aime"  # AIME 2024/2025 evaluation sets, named aime24, aime_2025, ...
+
+
+def is_dapo_data_source(data_source: str) -> bool:
+    """Whether ``data_source`` is scored by DAPO's rule (:mod:`.math_dapo`), as veRL routes it."""
+    return data_source in DAPO_DATA_SOURCES or str(data_source).startswith(DAPO_DATA_SOURCE_PREFIX)
 
 
 @functools.lru_cache(maxsize=1)
@@ -56,10 +73,12 @@ def default_compute_score(
             result = math_verify.compute_score(solution_str, ground_truth)
         else:
             result = math_reward.compute_score(solution_str, ground_truth)
+    elif is_dapo_data_source(data_source):
+        result = math_dapo.compute_score(solution_str, ground_truth)
     elif data_source == arithmetic.DATA_SOURCE:
         result = arithmetic.compute_score(solution_str, ground_truth, extra_info)
     else:
-        known = [*GSM8K_DATA_SOURCES, *MATH_DATA_SOURCES, arithmetic.DATA_SOURCE]
+        known = [*GSM8K_DATA_SOURCES, *MATH_DATA_SOURCES, *DAPO_DATA_SOURCES, "aime*", arithmetic.DATA_SOURCE]
         raise NotImplementedError(
             f"default_compute_score has no rule for data_source={data_source!r} (known: {known}); "
             "set custom_reward_function.path (and .name) to a file defining "

@@ -17,6 +17,9 @@ from verl.workers.config.rollout import (
     TraceConfig,
 )
 
+# veRL's name of the critic's model config (``_target_: verl.workers.config.FSDPCriticModelCfg``).
+FSDPCriticModelCfg = CriticModelConfig
+
 __all__ = [
     "ActorConfig",
     "AgentLoopConfig",
@@ -27,6 +30,7 @@ __all__ = [
     "CustomAsyncServerConfig",
     "FSDPActorConfig",
     "FSDPCriticConfig",
+    "FSDPCriticModelCfg",
     "FSDPEngineConfig",
     "FSDPOptimizerConfig",
     "HFModelConfig",

@@ -138,6 +138,8 @@ class ActorConfig(BaseConfig):
         use_fused_kernels: fused log-prob/entropy kernels; null: ``model.use_fused_kernels``.
         use_prefix_grouper: forward the shared prompt of a group's responses once.
         freeze_vision_tower: keep a vision-language model's vision encoder frozen.
+        entropy_from_logits_with_chunking: compute the entropy from the logits in chunks (a memory saving).
+        entropy_checkpointing: recompute the entropy in the backward pass instead of keeping its activations.
         checkpoint: what a checkpoint of the actor holds.
         optim: the optimizer and its learning-rate schedule.
         fsdp_config: how the actor is sharded, cast and offloaded.
@@ -181,6 +183,8 @@ class ActorConfig(BaseConfig):
     use_fused_kernels: bool | None = None
     use_prefix_grouper: bool = False
     freeze_vision_tower: bool = False
+    entropy_from_logits_with_chunking: bool = False
+    entropy_checkpointing: bool = False
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     optim: FSDPOptimizerConfig = field(default_factory=FSDPOptimizerConfig)
     fsdp_config: FSDPEngineConfig = field(default_factory=FSDPEngineConfig)
@@ -256,6 +260,10 @@ class RefConfig(BaseConfig):
         ulysses_sequence_parallel_size: Ulysses sequence-parallel degree (1: off).
         use_torch_compile: compile the log-prob helpers with ``torch.compile``.
         use_remove_padding: forward packed sequences without pad tokens; null: ``model.use_remove_padding``.
+        entropy_from_logits_with_chunking: compute the entropy from the logits in chunks (a memory saving).
+        entropy_checkpointing: recompute the entropy in the backward pass instead of keeping its activations.
+        model: a reference model other than the policy's (veRL's override of ``actor_rollout_ref.model``); null:
+            the policy's initial weights.
         fsdp_config: how the reference model is sharded and cast (always forward-only).
         profiler: profiler options of the reference policy.
     """
@@ -268,6 +276,9 @@ class RefConfig(BaseConfig):
     ulysses_sequence_parallel_size: int = 1
     use_torch_compile: bool = True
     use_remove_padding: bool | None = None
+    entropy_from_logits_with_chunking: bool = False
+    entropy_checkpointing: bool = False
+    model: dict[str, Any] | None = None
     fsdp_config: FSDPEngineConfig = field(default_factory=lambda: FSDPEngineConfig(forward_only=True))
     profiler: dict[str, Any] = field(default_factory=dict)
 

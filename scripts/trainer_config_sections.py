@@ -1,0 +1,182 @@
+"""The hand-written sections of the trainer config (no config dataclass backs them), for
+``scripts/generate_trainer_config.py``: keys and defaults as veRL's, plus ours (see the header it writes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# veRL's Nsight Systems options (global_profiler.global_tool_config.nsys.*_nsight_options).
+NSIGHT_OPTIONS = {"trace": "cuda,nvtx,cublas,ucx", "cuda-memory-usage": "true", "cuda-graph-trace": "graph"}
+
+
+def data() -> dict[str, Any]:
+    """``data`` (veRL's ``data/legacy_data.yaml``)."""
+    return {
+        "tokenizer": None,
+        "use_shm": False,
+        "train_files": "~/data/rlhf/gsm8k/train.parquet",
+        "val_files": "~/data/rlhf/gsm8k/test.parquet",
+        "train_max_samples": -1,
+        "val_max_samples": -1,
+        "prompt_key": "prompt",
+        "reward_fn_key": "data_source",
+        "max_prompt_length": 512,
+        "max_response_length": 512,
+        "train_batch_size": 1024,
+        "gen_batch_size": "${data.train_batch_size}",
+        "val_batch_size": None,
+        "tool_config_path": "${oc.select:actor_rollout_ref.rollout.multi_turn.tool_config_path,null}",
+        "return_raw_input_ids": False,
+        "return_raw_chat": True,
+        "return_full_prompt": False,
+        "shuffle": True,
+        "seed": None,
+        "dataloader_num_workers": 8,
+        "image_patch_size": 14,
+        "validation_shuffle": False,
+        "filter_overlong_prompts": False,
+        "filter_malformed_rows": False,
+        "filter_overlong_prompts_workers": 1,
+        "truncation": "error",
+        "image_key": "images",
+        "video_key": "videos",
+        "trust_remote_code": False,
+        "custom_cls": {"path": None, "name": None},
+        "return_multi_modal_inputs": True,
+        "sampler": {"class_path": None, "class_name": None},
+        "datagen": {"path": None, "name": None},
+        "apply_chat_template_kwargs": {},
+    }
+
+
+def reward_model() -> dict[str, Any]:
+    """``reward_model`` (its strategy and ``model.fsdp_config`` go to ``reward_model/dp_reward_model.yaml``)."""
+    return {
+        "enable": False,
+        "enable_resource_pool": False,
+        "n_gpus_per_node": 0,
+        "nnodes": 0,
+        "strategy": "fsdp",
+        "model": {
+            "input_tokenizer": "${actor_rollout_ref.model.path}",
+            "path": "~/models/FsfairX-LLaMA3-RM-v0.1",
+            "external_lib": "${actor_rollout_ref.model.external_lib}",
+            "trust_remote_code": False,
+            "override_config": {},
+            "use_shm": False,
+            "use_remove_padding": False,
+            "use_fused_kernels": "${actor_rollout_ref.model.use_fused_kernels}",
+            "fsdp_config": {
+                "param_offload": False,
+                "reshard_after_forward": True,
+                "fsdp_size": -1,
+                "forward_prefetch": False,
+            },
+        },
+        "micro_batch_size": None,
+        "micro_batch_size_per_gpu": None,
+        "max_length": None,
+        "use_dynamic_bsz": "${critic.use_dynamic_bsz}",
+        "forward_max_token_len_per_gpu": "${critic.forward_max_token_len_per_gpu}",
+        "reward_manager": "naive",
+        "use_reward_loop": True,
+        "num_workers": 1,
+        "reward_loop_source": "register",
+        "reward_loop_module_path": None,
+        "reward_loop_class_name": None,
+        "ulysses_sequence_parallel_size": 1,
+        "launch_reward_fn_async": False,
+        "timeout_s": 30,
+        "sandbox_fusion": {"url": None, "max_concurrent": 64, "memory_limit_mb": 1024},
+        "overlong_buffer": {"enable": False, "len": 0, "penalty_factor": 0.0, "log": False},
+        "reward_kwargs": {},
+        "profiler": {},
+    }
+
+
+def reward_manager() -> dict[str, Any]:
+    """``reward_manager``."""
+    return {
+        "source": "register",
+        "name": "${oc.select:reward_model.reward_manager,naive}",
+        "module": {"path": None, "name": "custom_reward_manager"},
+    }
+
+
+def custom_reward_function() -> dict[str, Any]:
+    """``custom_reward_function``."""
+    return {"path": None, "name": "compute_score", "reward_kwargs": {}}
+
+
+def trainer() -> dict[str, Any]:
+    """``trainer``."""
+    return {
+        "mode": "sync",
+        "device": "auto",
+        "balance_batch": True,
+        "total_epochs": 30,
+        "total_training_steps": None,
+        "profile_steps": None,
+        "project_name": "verl_examples",
+        "experiment_name": "gsm8k",
+        "logger": ["console", "wandb"],
+        "log_val_generations": 0,
+        "rollout_data_dir": None,
+        "validation_data_dir": None,
+        "nnodes": 1,
+        "n_gpus_per_node": 8,
+        "save_freq": -1,
+        "esi_redundant_time": 0,
+        "resume_mode": "auto",
+        "resume_from_path": None,
+        "val_before_train": True,
+        "val_only": False,
+        "test_freq": -1,
+        "critic_warmup": 0,
+        "default_hdfs_dir": None,
+        "del_local_ckpt_after_load": False,
+        "default_local_dir": "checkpoints/${trainer.project_name}/${trainer.experiment_name}",
+        "max_actor_ckpt_to_keep": None,
+        "max_critic_ckpt_to_keep": None,
+        "ray_wait_register_center_timeout": 300,
+        "use_legacy_worker_impl": "auto",
+    }
+
+
+def global_profiler() -> dict[str, Any]:
+    """``global_profiler``."""
+    return {
+        "tool": None,
+        "steps": None,
+        "profile_continuous_steps": False,
+        "save_path": "outputs/profile",
+        "global_tool_config": {
+            "nsys": {
+                "discrete": False,
+                "controller_nsight_options": dict(NSIGHT_OPTIONS),
+                "worker_nsight_options": {
+                    **NSIGHT_OPTIONS,
+                    "capture-range": "cudaProfilerApi",
+                    "capture-range-end": None,
+                    "kill": "none",
+                },
+            },
+            "torch_memory": {
+                "trace_alloc_max_entries": 100000,
+                "stack_depth": 32,
+                "context": "all",
+                "stacks": "all",
+                "kw_args": {},
+            },
+        },
+    }
+
+
+def transfer_queue() -> dict[str, Any]:
+    """``transfer_queue``."""
+    return {"enable": False}
+
+
+def ray_kwargs() -> dict[str, Any]:
+    """``ray_kwargs``."""
+    return {"ray_init": {"num_cpus": None}, "timeline_json_file": None}
