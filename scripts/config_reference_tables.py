@@ -106,8 +106,6 @@ DESCRIPTIONS: dict[str, str] = {
     "reward_model.reward_kwargs": "Keyword arguments for the reward manager's constructor (those it declares, e.g. "
     "the `dapo` manager's `max_resp_len`) or, for the built-in managers, for every `compute_score` call; a key "
     "neither declares is an error at start-up.",
-    "reward_model.profiler": "Per-role profiler options of the reward-model worker; the torch profiler of "
-    "`global_profiler` is used.",
     # reward_manager
     "reward_manager.source": "`register`: `reward_manager.name` names a registered manager; `importlib`: load a "
     "class from `reward_manager.module.path`.",

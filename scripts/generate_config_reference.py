@@ -40,7 +40,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere: import verl from
 
 from verl.trainer.config import unread, validate  # noqa: E402
 from verl.trainer.config.algorithm import AlgoConfig  # noqa: E402
-from verl.workers.config import ActorConfig, CriticConfig, HFModelConfig, RefConfig, RolloutConfig  # noqa: E402
+from verl.workers.config import ActorConfig, CriticConfig, HFModelConfig, RefConfig, RoleProfilerConfig, RolloutConfig  # noqa: E402
 
 YAML_PATH = ROOT / "verl" / "trainer" / "config" / "ppo_trainer.yaml"  # the entry point; see yaml_leaves
 DOC_PATH = ROOT / "docs" / "config_reference.md"
@@ -53,6 +53,7 @@ DATACLASS_ROOTS: dict[str, type] = {
     "actor_rollout_ref.rollout": RolloutConfig,
     "critic": CriticConfig,
     "algorithm": AlgoConfig,
+    "reward_model.profiler": RoleProfilerConfig,
 }
 
 # Tables: one per top-level section, except actor_rollout_ref, which gets one per sub-section.

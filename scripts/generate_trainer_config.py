@@ -49,6 +49,7 @@ from verl.workers.config import (  # noqa: E402
     PolicyLossConfig,
     PrometheusConfig,
     RefConfig,
+    RoleProfilerConfig,
     RolloutConfig,
     SamplingConfig,
     TraceConfig,
@@ -168,6 +169,12 @@ def expected() -> dict[str, Any]:
         critic[key] = "${actor_rollout_ref.actor." + key + "}"
     critic["forward_micro_batch_size_per_gpu"] = "${critic.ppo_micro_batch_size_per_gpu}"
     critic["forward_max_token_len_per_gpu"] = "${critic.ppo_max_token_len_per_gpu}"
+    reward_model = sections.reward_model()
+    reward_model["profiler"] = dump(RoleProfilerConfig())
+    for role in (actor, ref, rollout, critic, reward_model):  # a role's profiler follows global_profiler
+        role["profiler"] = {"_target_": "verl.utils.profiler.ProfilerConfig", **role["profiler"]}
+        role["profiler"]["tool"] = "${oc.select:global_profiler.tool,null}"
+        role["profiler"]["save_path"] = "${oc.select:global_profiler.save_path,null}"
     return {
         "data": sections.data(),
         "actor_rollout_ref": {
@@ -179,7 +186,7 @@ def expected() -> dict[str, Any]:
             "rollout": rollout,
         },
         "critic": critic,
-        "reward_model": sections.reward_model(),
+        "reward_model": reward_model,
         "reward_manager": sections.reward_manager(),
         "custom_reward_function": sections.custom_reward_function(),
         "algorithm": dump(AlgoConfig()),

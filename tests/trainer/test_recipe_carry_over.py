@@ -240,6 +240,7 @@ def recipe_run(tmp_path_factory):
         "data.dataloader_num_workers=0",
         f"custom_reward_function.path={tmp / 'my_reward.py'}",
         "global_profiler.tool=torch",
+        "actor_rollout_ref.actor.profiler.enable=true",  # veRL: a role records only when its profiler is enabled
         "global_profiler.steps=[1]",
         f"global_profiler.save_path={tmp / 'profile'}",
         f"trainer.rollout_data_dir={tmp / 'rollouts'}",

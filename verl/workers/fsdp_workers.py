@@ -60,23 +60,33 @@ def _register_meshes(worker: Worker) -> None:
 
 class ProfiledWorker(Worker, DistProfilerExtension):
     """A worker with veRL's ``start_profile`` / ``stop_profile`` (`DistProfilerExtension`): the torch profiler over
-    what every rank runs in between (``global_profiler.tool=torch``), one trace per rank and step under
-    ``save_path``. Every worker imports ``model.external_lib`` first, so the module's registrations (architectures,
-    estimators, losses) exist in the worker too."""
+    what the role's ranks run in between (``global_profiler.tool=torch``; the role's ``profiler.enable``,
+    ``all_ranks`` / ``ranks`` and ``save_path`` as veRL), one trace per rank and step. Every worker imports
+    ``model.external_lib`` first, so the module's registrations (architectures, estimators, losses) exist in the
+    worker too."""
 
     profile_role = "worker"
 
-    def __init__(self, external_lib: str | list[str] | None = None) -> None:
+    def __init__(self, external_lib: str | list[str] | None = None, profiler: Any = None) -> None:
         Worker.__init__(self)
         import_external_libs(external_lib)
+        self.profiler_config = dict(profiler or {})
         DistProfilerExtension.__init__(self, DistProfiler(self.rank))  # off until start_profile
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def start_profile(self, profile_step: int | None = None, save_path: str = "outputs/profile", **kwargs: Any) -> None:
-        """Start the torch profiler for step ``profile_step`` (a profile still running is written first)."""
+        """Start the torch profiler for step ``profile_step`` (a profile still running is written first); a role
+        without ``profiler.enable`` records nothing."""
         if self.profiler.check_this_step():
             self.profiler.stop()
-        config = ProfilerConfig(tool="torch", enable=True, all_ranks=True, save_path=save_path)
+        role = self.profiler_config
+        config = ProfilerConfig(
+            tool="torch",
+            enable=bool(role.get("enable", False)),
+            all_ranks=bool(role.get("all_ranks", False)),
+            ranks=list(role.get("ranks") or []),
+            save_path=role.get("save_path") or save_path,
+        )
         self.profiler = DistProfiler(self.rank, config, role=self.profile_role)
         self.profiler.start(profile_step=profile_step)
 
@@ -109,7 +119,8 @@ class ActorRolloutRefWorker(ProfiledWorker):
     def __init__(self, config: Any, role: str, **kwargs: Any) -> None:
         if role not in ROLES:
             raise ValueError(f"ActorRolloutRefWorker role={role!r}; use one of {list(ROLES)}")
-        super().__init__(config["model"].get("external_lib"))
+        profiled = config["actor"] if role in ("actor", "actor_rollout", "actor_rollout_ref") else config.get(role, {})
+        super().__init__(config["model"].get("external_lib"), profiled.get("profiler"))
         self.config = config
         self.role = self.profile_role = role
         self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
@@ -319,7 +330,7 @@ class CriticWorker(ProfiledWorker):
     profile_role = "critic"
 
     def __init__(self, config: Any, **kwargs: Any) -> None:
-        super().__init__(config["model"].get("external_lib"))
+        super().__init__(config["model"].get("external_lib"), config.get("profiler"))
         initialize_global_process_group()
         self.config = build_critic_config(config, dp_size=self.world_size)
         _register_meshes(self)
@@ -379,7 +390,7 @@ class RewardModelWorker(ProfiledWorker):
     profile_role = "rm"
 
     def __init__(self, config: Any, **kwargs: Any) -> None:
-        super().__init__(config["model"].get("external_lib"))
+        super().__init__(config["model"].get("external_lib"), config.get("profiler"))
         initialize_global_process_group()
         self.config = config
         _register_meshes(self)

@@ -15,6 +15,20 @@ from verl.trainer.config.validate import ConfigError, base_config, merged, valid
 
 # Values away from the default for leaves whose default (null, a string, a list, a mapping) suggests none.
 AWAY: dict[str, Any] = {
+    **{
+        f"{role}.profiler.tool": "torch"
+        for role in (
+            "actor_rollout_ref.actor",
+            "actor_rollout_ref.ref",
+            "actor_rollout_ref.rollout",
+            "critic",
+            "reward_model",
+        )
+    },
+    **{
+        f"{role}.profiler.tool_config.npu.contents": ["npu"]
+        for role in ("actor_rollout_ref.actor", "critic", "reward_model")
+    },
     "data.tokenizer": "/tmp/tokenizer",
     "data.tool_config_path": "/tmp/tools.yaml",
     "data.image_key": "pictures",
@@ -97,11 +111,11 @@ def test_the_table_is_well_formed():
         "global_profiler.steps",
         "global_profiler.save_path",
         "global_profiler.profile_continuous_steps",
-        "actor_rollout_ref.actor.profiler",
-        "actor_rollout_ref.ref.profiler",
-        "actor_rollout_ref.rollout.profiler",
-        "critic.profiler",
-        "reward_model.profiler",
+        *(
+            f"{role}.profiler.{key}"
+            for role in ("actor_rollout_ref.actor", "critic", "reward_model")
+            for key in ("enable", "all_ranks", "ranks", "save_path")
+        ),
         "actor_rollout_ref.rollout.mode",
         "actor_rollout_ref.model.custom_chat_template",
         "reward_model.enable_resource_pool",

@@ -64,6 +64,9 @@ def _fsdp(prefix: str) -> tuple[Unread, ...]:
     )
 
 
+# roles whose workers profile with their own ``profiler`` (enable / all_ranks / ranks / save_path are acted on)
+_ROLE_PROFILERS = ("actor_rollout_ref.actor", "critic", "reward_model")
+
 UNREAD: tuple[Unread, ...] = (
     # data
     Unread(
@@ -212,6 +215,25 @@ UNREAD: tuple[Unread, ...] = (
     Unread("trainer.del_local_ckpt_after_load", "warn", "checkpoints are kept after loading (no remote copy)"),
     Unread("trainer.ray_wait_register_center_timeout", "warn", "the workers start without a register center"),
     Unread("trainer.use_legacy_worker_impl", "warn", "there is one worker implementation"),
+    *(
+        Unread(f"{role}.profiler.{key}", "warn", why)
+        for role in _ROLE_PROFILERS
+        for key, why in (
+            ("tool", "a role records with global_profiler.tool (only torch is available)"),
+            ("tool_config.nsys", "only the torch profiler is available (global_profiler.tool=torch)"),
+            ("tool_config.npu", "only the torch profiler is available (global_profiler.tool=torch)"),
+            ("tool_config.torch_memory", "only the torch profiler is available (global_profiler.tool=torch)"),
+            ("tool_config.torch", "the torch profiler records each profiled step whole"),
+        )
+    ),
+    *(
+        Unread(
+            f"actor_rollout_ref.{role}.profiler",
+            "warn",
+            f"the {role} runs in the actor's workers, which are profiled with actor_rollout_ref.actor.profiler",
+        )
+        for role in ("ref", "rollout")
+    ),
     Unread(
         "global_profiler.global_tool_config",
         "warn",
@@ -226,6 +248,14 @@ UNREAD: tuple[Unread, ...] = (
 # name that nothing reads them; the test checks instead that each of these names is indeed used elsewhere.
 NAME_USED_ELSEWHERE: frozenset[str] = frozenset(
     {
+        # the role profilers' names (profiler, tool, nsys, npu, torch, torch_memory) are the profiler module's own
+        *(
+            f"{role}.profiler.{key}"
+            for role in _ROLE_PROFILERS
+            for key in ("tool", "tool_config.nsys", "tool_config.npu", "tool_config.torch_memory", "tool_config.torch")
+        ),
+        "actor_rollout_ref.ref.profiler",
+        "actor_rollout_ref.rollout.profiler",
         "data.tokenizer",
         "data.trust_remote_code",
         "actor_rollout_ref.actor.fsdp_config.entropy_from_logits_with_chunking",

@@ -6,6 +6,7 @@ from verl.workers.config.critic import CriticConfig, CriticModelConfig, FSDPCrit
 from verl.workers.config.engine import FSDPEngineConfig, McoreEngineConfig
 from verl.workers.config.model import HFModelConfig
 from verl.workers.config.optimizer import FSDPOptimizerConfig, OptimConfig, OptimizerConfig
+from verl.workers.config.profiler import RoleProfilerConfig
 from verl.workers.config.rollout import (
     AgentLoopConfig,
     CheckpointEngineConfig,
@@ -21,6 +22,7 @@ from verl.workers.config.rollout import (
 FSDPCriticModelCfg = CriticModelConfig
 
 __all__ = [
+    "RoleProfilerConfig",
     "ActorConfig",
     "AgentLoopConfig",
     "CheckpointConfig",

@@ -15,6 +15,7 @@ from verl.trainer.config.algorithm import LOSS_AGG_MODES, RolloutCorrectionConfi
 from verl.workers.config.checkpoint import CheckpointConfig
 from verl.workers.config.engine import FSDPEngineConfig
 from verl.workers.config.optimizer import FSDPOptimizerConfig
+from verl.workers.config.profiler import RoleProfilerConfig
 from verl.workers.config.sizes import per_rank_mini_batch_size
 
 __all__ = [
@@ -189,7 +190,7 @@ class ActorConfig(BaseConfig):
     optim: FSDPOptimizerConfig = field(default_factory=FSDPOptimizerConfig)
     fsdp_config: FSDPEngineConfig = field(default_factory=FSDPEngineConfig)
     router_replay: dict[str, Any] = field(default_factory=lambda: {"mode": "disabled"})
-    profiler: dict[str, Any] = field(default_factory=dict)
+    profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
     # filled in by the worker, then derived
     rollout_n: int = 1
     data_parallel_size: int = 1
@@ -280,7 +281,7 @@ class RefConfig(BaseConfig):
     entropy_checkpointing: bool = False
     model: dict[str, Any] | None = None
     fsdp_config: FSDPEngineConfig = field(default_factory=lambda: FSDPEngineConfig(forward_only=True))
-    profiler: dict[str, Any] = field(default_factory=dict)
+    profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
 
     def __post_init__(self) -> None:
         if self.strategy not in ("fsdp", "fsdp2"):

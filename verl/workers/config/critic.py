@@ -9,6 +9,7 @@ from verl.base_config import BaseConfig
 from verl.workers.config.checkpoint import CheckpointConfig
 from verl.workers.config.engine import FSDPEngineConfig
 from verl.workers.config.optimizer import FSDPOptimizerConfig
+from verl.workers.config.profiler import RoleProfilerConfig
 from verl.workers.config.sizes import per_rank_mini_batch_size
 
 __all__ = ["CriticConfig", "CriticModelConfig", "FSDPCriticConfig"]
@@ -108,7 +109,7 @@ class CriticConfig(BaseConfig):
     grad_clip: float = 1.0
     ulysses_sequence_parallel_size: int = 1
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    profiler: dict[str, Any] = field(default_factory=dict)
+    profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
     rollout_n: int = 1
     data_parallel_size: int = 1
     ppo_mini_batch_size_per_rank: int = field(init=False, default=0)

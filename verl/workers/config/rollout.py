@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verl.base_config import BaseConfig
+from verl.workers.config.profiler import RoleProfilerConfig
 
 __all__ = [
     "ROLLOUT_DTYPES",
@@ -349,7 +350,7 @@ class RolloutConfig(BaseConfig):
     checkpoint_engine: CheckpointEngineConfig = field(default_factory=CheckpointEngineConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)
     prometheus: PrometheusConfig = field(default_factory=PrometheusConfig)
-    profiler: dict[str, Any] | None = None
+    profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
     mtp: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
