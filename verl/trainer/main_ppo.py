@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hydra
 import ray
 from omegaconf import DictConfig, OmegaConf
 
 from verl.trainer.config.validate import validate_config, world_size
-from verl.utils.dataset.rl_dataset import create_rl_dataset, create_rl_sampler
 from verl.utils.ray_utils import required_logical_cpus
+
+if TYPE_CHECKING:  # imported on first use (module __getattr__): the driver does not import torch
+    from verl.utils.dataset.rl_dataset import create_rl_dataset, create_rl_sampler
 
 __all__ = [
     "DEMO_PRESET",
@@ -36,6 +38,19 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 GLOBAL_POOL, REWARD_POOL = "global_pool", "reward_pool"
+
+_DATASET_EXPORTS = ("create_rl_dataset", "create_rl_sampler")
+
+
+def __getattr__(name: str) -> Any:
+    """veRL's ``main_ppo.create_rl_dataset`` / ``create_rl_sampler``, imported on first use so that the driver
+    (which only validates and starts Ray) does not import torch."""
+    if name in _DATASET_EXPORTS:
+        from verl.utils.dataset import rl_dataset
+
+        return getattr(rl_dataset, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # The demo's sizes (layered under the user's overrides; model and data paths are filled in at start-up).
 DEMO_PRESET: dict[str, Any] = {
@@ -178,7 +193,7 @@ class TaskRunner:
 
         from verl.trainer.ppo.ray_trainer import RayPPOTrainer
         from verl.trainer.ppo.reward import load_reward_manager
-        from verl.utils.dataset.rl_dataset import collate_fn
+        from verl.utils.dataset.rl_dataset import collate_fn, create_rl_dataset, create_rl_sampler
 
         OmegaConf.resolve(config)
         actor_rollout_cls, ray_worker_group_cls = self.add_actor_rollout_worker(config)

@@ -18,6 +18,7 @@ from verl.utils.tiny_model import build_tiny_qwen2, save_tiny_qwen2
 from verl.workers.config.rollout import RolloutConfig
 from verl.workers.rollout import BaseRollout, get_rollout_class, register_rollout, registered_rollouts
 from verl.workers.rollout import base as rollout_base
+from verl.workers.rollout import registry as rollout_registry
 from verl.workers.rollout.hf_rollout import HFRollout, sample_seed, sample_tokens
 
 RESP = 12  # response_length of the shared engine
@@ -350,7 +351,7 @@ def test_registry_lookup_and_errors(monkeypatch):
 
 
 def test_register_rollout_rules(monkeypatch):
-    monkeypatch.setattr(rollout_base, "_ROLLOUT_REGISTRY", dict(rollout_base._ROLLOUT_REGISTRY))
+    monkeypatch.delitem(rollout_registry._ROLLOUT_REGISTRY, "toy", raising=False)  # undone: "toy" removed again
 
     @register_rollout("toy")
     class Toy(HFRollout):
@@ -367,11 +368,10 @@ def test_register_rollout_rules(monkeypatch):
 def test_builtin_engine_module_problems(monkeypatch, tmp_path):
     (tmp_path / "engine_with_missing_dep.py").write_text("import no_such_dependency_for_verl_tests\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    builtins = dict(rollout_base._BUILTIN_ROLLOUTS)
-    builtins["ghost"] = ("verl.workers.rollout.no_such_engine", None, "")
-    builtins["silent"] = ("json", None, "")  # imports, registers nothing
-    builtins["broken"] = ("engine_with_missing_dep", None, "")
-    monkeypatch.setattr(rollout_base, "_BUILTIN_ROLLOUTS", builtins)
+    builtins = rollout_registry._BUILTIN_ROLLOUTS
+    monkeypatch.setitem(builtins, "ghost", ("verl.workers.rollout.no_such_engine", None, ""))
+    monkeypatch.setitem(builtins, "silent", ("json", None, ""))  # imports, registers nothing
+    monkeypatch.setitem(builtins, "broken", ("engine_with_missing_dep", None, ""))
     with pytest.raises(ImportError, match="module verl.workers.rollout.no_such_engine is not part of this verl"):
         get_rollout_class("ghost")
     with pytest.raises(ImportError, match="importing json did not register it"):
@@ -386,6 +386,18 @@ def test_importing_the_package_imports_no_engine():
         "import sys, verl.workers.rollout as r; "
         "assert r.get_rollout_class is not None; "
         "print(sorted(m for m in ('vllm', 'sglang', 'transformers') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+def test_the_driver_validates_without_importing_torch():
+    """``main_ppo``'s driver only validates and starts Ray: importing it and checking an engine imports no torch
+    (torch and tensordict cost seconds per run, paid again in every Ray worker)."""
+    code = (
+        "import sys, verl.trainer.main_ppo, verl.workers.rollout.registry as r; "
+        "assert r.rollout_unavailable_reason('hf') is None and r.rollout_unavailable_reason('trtllm') is None; "
+        "print(sorted(m for m in ('torch', 'tensordict', 'transformers') if m in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"

@@ -8,32 +8,13 @@ it with no arguments (gloo on CPU, nccl on GPU). Rank 0 picks the rendezvous add
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Callable
 from typing import Any
 
 from verl.single_controller.base.decorator import Dispatch, Execute, register
+from verl.utils.net_utils import get_free_port, get_node_ip
 
 __all__ = ["Worker", "get_free_port", "get_node_ip"]
-
-
-def get_node_ip() -> str:
-    """This node's IP address as Ray sees it (loopback when Ray is not running)."""
-    try:
-        import ray
-
-        if ray.is_initialized():
-            return ray.util.get_node_ip_address()
-    except Exception:  # noqa: BLE001 - fall back to a local answer outside Ray
-        pass
-    return "127.0.0.1"
-
-
-def get_free_port() -> int:
-    """A TCP port that is free on this node right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
 
 
 class Worker:

@@ -23,8 +23,9 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from verl.single_controller.base.decorator import MAGIC_ATTR
-from verl.single_controller.base.worker import Worker, get_free_port, get_node_ip
+from verl.single_controller.base.worker import Worker
 from verl.single_controller.base.worker_group import ClassWithInitArgs, ResourcePool, WorkerGroup
+from verl.utils.net_utils import node_ip_and_free_port
 
 __all__ = [
     "RayClassWithInitArgs",
@@ -324,9 +325,8 @@ class RayClassWithInitArgs(ClassWithInitArgs):
         return self.cls.options(**options).remote(*self.args, **self.kwargs)
 
 
-@ray.remote(num_cpus=0)
-def _rendezvous_address() -> tuple[str, int]:
-    return get_node_ip(), get_free_port()
+# a task in a module that imports nothing heavy: the worker that runs it starts in well under a second
+_rendezvous_address = ray.remote(num_cpus=0)(node_ip_and_free_port)
 
 
 def _rendezvous_on(pg: PlacementGroup, bundle_index: int = 0) -> tuple[str, int]:

