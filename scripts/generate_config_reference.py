@@ -38,8 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere: import verl from this checkout
     sys.path.insert(0, str(ROOT))
 
+from verl.algorithms.config import AlgoConfig  # noqa: E402
 from verl.trainer.config import unread, validate  # noqa: E402
-from verl.trainer.config.algorithm import AlgoConfig  # noqa: E402
 from verl.workers.config import ActorConfig, CriticConfig, HFModelConfig, RefConfig, RoleProfilerConfig, RolloutConfig  # noqa: E402
 
 YAML_PATH = ROOT / "verl" / "trainer" / "config" / "ppo_trainer.yaml"  # the entry point; see yaml_leaves
@@ -266,7 +266,7 @@ def vs_verl(key: str, notes: dict[str, str]) -> str:
     return clean(" ".join(parts))
 
 
-CONFIG_MODULES = ("verl/workers/config/", "verl/trainer/config/")
+CONFIG_MODULES = ("verl/workers/config/", "verl/trainer/config/", "verl/algorithms/config.py")
 
 
 def code_outside_config() -> str:

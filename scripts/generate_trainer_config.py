@@ -32,7 +32,7 @@ for path in (ROOT, ROOT / "scripts"):
 
 import trainer_config_sections as sections  # noqa: E402
 
-from verl.trainer.config.algorithm import AlgoConfig, KLControlConfig, RolloutCorrectionConfig  # noqa: E402
+from verl.algorithms.config import AlgoConfig, KLControlConfig, RolloutCorrectionConfig  # noqa: E402
 from verl.workers.config import (  # noqa: E402
     ActorConfig,
     AgentLoopConfig,

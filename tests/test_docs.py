@@ -40,9 +40,9 @@ METRIC_MODULES = (
     "verl/trainer/ppo/ray_trainer.py",
     "verl/trainer/ppo/metric_utils.py",
     "verl/trainer/ppo/utils.py",
-    "verl/trainer/ppo/policy_losses.py",
-    "verl/trainer/ppo/cov_losses.py",
-    "verl/trainer/ppo/rollout_corr_helper.py",
+    "verl/algorithms/policy_losses.py",
+    "verl/algorithms/cov_losses.py",
+    "verl/algorithms/rollout_corr_helper.py",
     "verl/workers/actor/dp_actor.py",
     "verl/workers/critic/dp_critic.py",
     "verl/workers/fsdp_workers.py",
@@ -343,9 +343,8 @@ def test_every_timed_stage_is_named_in_the_metrics_doc():
 
 
 def test_validation_metric_names_are_documented():
-    validation = pytest.importorskip("verl.trainer.ppo.validation")
-    if not hasattr(validation, "validation_metrics"):
-        pytest.skip("no validation_metrics in this version")
+    from verl.trainer.ppo import validation
+
     n = 4
     sources = ["openai/gsm8k"] * (2 * n)
     uids = [f"p{i // n}" for i in range(2 * n)]

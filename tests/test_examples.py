@@ -373,12 +373,18 @@ def test_example_runs_on_the_builtin_task(example: Example, tmp_path, demo_asset
 
 
 def check_advantages(example: Example, steps: list[dict]) -> None:
-    """What the estimator leaves in the advantage statistics (2 responses per prompt, scores in [0, 1])."""
+    """What each estimator leaves in the advantage statistics (token-level, over the batch's response tokens;
+    2 responses per prompt, scores in [0, 1]). Worked by hand from the estimators' formulas."""
     for data in steps:
-        high = data["critic/advantages/max"]
-        if example.id == "grpo":  # (s - mean) / std of a pair: exactly ±1/√2, or 0 when the pair ties
+        high, low, mean = (data[f"critic/advantages/{stat}"] for stat in ("max", "min", "mean"))
+        if example.id in ("grpo", "gspo", "cispo"):  # (s - mean) / std of a pair: exactly ±1/√2, or 0 on a tie
             assert high == pytest.approx(0.0, abs=1e-4) or high == pytest.approx(2**-0.5, abs=1e-3), high
-        elif example.id == "drgrpo":  # s - mean of a pair: half the score gap, never normalised up
-            assert 0.0 <= high <= 0.5 + 1e-6, high
-        elif example.id == "reinforce_plus_plus":  # whitened over the batch's response tokens
-            assert data["critic/advantages/mean"] == pytest.approx(0.0, abs=1e-3), data["critic/advantages/mean"]
+            assert low == pytest.approx(-high, abs=1e-6), (low, high)  # a pair's two advantages are opposite
+        elif example.id == "drgrpo":  # s - mean of a pair: ±half the score gap, never normalised up
+            assert 0.0 <= high <= 0.5 + 1e-6 and low == pytest.approx(-high, abs=1e-6), (low, high)
+        elif example.id == "rloo":  # leave-one-out of a pair: R_i - R_j and R_j - R_i (R with the KL penalty)
+            assert high >= 0.0 and low == pytest.approx(-high, abs=1e-5), (low, high)
+        elif example.id in ("reinforce_plus_plus", "ppo"):  # whitened over the batch's response tokens
+            assert mean == pytest.approx(0.0, abs=1e-4) and low < 0.0 < high, (low, mean, high)
+        else:
+            raise AssertionError(f"no advantage check for the {example.id} example: add one")

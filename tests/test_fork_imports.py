@@ -398,7 +398,9 @@ def test_mcore_engine_config_has_verls_fields_and_validates():
         OmegaConf.create({"tensor_model_parallel_size": 2, "param_offload": True}), McoreEngineConfig
     )
     assert built.sequence_parallel is True and built["param_offload"] is True
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(
+        dataclasses.FrozenInstanceError, match=r"McoreEngineConfig\.tensor_model_parallel_size is frozen"
+    ):
         built.tensor_model_parallel_size = 4
     with pytest.raises(ValueError, match=r"megatron.pipeline_model_parallel_size=0 must be an integer >= 1"):
         McoreEngineConfig(pipeline_model_parallel_size=0)
@@ -447,9 +449,9 @@ def test_base_config_reads_like_verls_mapping():
     assert cfg["fsdp_size"] == -1 and cfg.get("fsdp_size") == -1 and cfg.get("missing", 7) == 7
     assert "param_offload" in cfg and "missing" not in cfg and "to_dict" not in cfg
     assert list(cfg)[:2] == ["wrap_policy", "param_offload"] and len(cfg) == len(dataclasses.fields(cfg))
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="'missing'"):
         cfg["missing"]
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(dataclasses.FrozenInstanceError, match=r"FSDPEngineConfig\.param_offload is frozen"):
         cfg.param_offload = True
     rollout = RolloutConfig()
     assert rollout["greedy"] == rollout.greedy and rollout.get("greedy") == rollout.greedy  # properties read too

@@ -189,7 +189,7 @@ def test_uneven_chunk_needs_auto_padding():
         assert [len(p) for p in make_batch(5).chunk(2)] == [3, 2]
     finally:
         DataProtoConfig.auto_padding = False
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="DataProtoConfig.auto_padding must be a bool, got 'yes'"):
         DataProtoConfig.auto_padding = "yes"
 
 

@@ -1,8 +1,10 @@
 """``python -m verl.model_merger`` on real checkpoints of a 2-rank gloo FSDPEngine run (tiny Qwen2, float32).
 
 One spawned run (the ``trained`` fixture) trains an actor, a tied-embedding actor and a critic for one step, records
-their outputs on a fixed batch and saves their DCP checkpoints plus HF folders of their full state dicts. The tests
-merge those checkpoints in this process (no process group) or in a subprocess and compare with the trainer.
+their outputs on a fixed batch and saves their DCP checkpoints plus HF folders of their full state dicts. The
+checkpoints are used as ``FSDPEngine.save_checkpoint`` wrote them: their ``huggingface/`` folders (config, and the
+actor's tokenizer) are the engine's, nothing is added afterwards. The tests merge those checkpoints in this process
+(no process group) or in a subprocess and compare with the trainer.
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ def _batch() -> torch.Tensor:
     return torch.randint(3, 256, (4, 12), generator=torch.Generator().manual_seed(7))
 
 
-def _train_and_save(rank: int, out: str, model_dirs: dict[str, str]) -> None:
+def _train_and_save(rank: int, out: str, model_dirs: dict[str, str], tokenizer_dir: str) -> None:
     """Per run: one AdamW step on this rank's half of the batch, the no-grad outputs on the whole batch (every rank
-    runs the forward), a DCP checkpoint, and (rank 0) a HF folder written by save_hf_model from the full state."""
+    runs the forward), a DCP checkpoint (the actor's with the tokenizer of ``tokenizer_dir``), and (rank 0) a HF
+    folder written by save_hf_model from the full state."""
     ids = _batch()
     records: dict[str, torch.Tensor] = {}
     for name, role in RUNS:
@@ -50,7 +53,7 @@ def _train_and_save(rank: int, out: str, model_dirs: dict[str, str]) -> None:
         engine.clip_grad_norm_and_step()
         with engine.eval_mode():
             records[name] = engine.module(input_ids=ids).logits.clone()
-        engine.save_checkpoint(os.path.join(out, name))
+        engine.save_checkpoint(os.path.join(out, name), tokenizer_path=tokenizer_dir if name == "actor" else None)
         full_state = engine.get_full_state_dict()
         if rank == 0:
             save_hf_model(
@@ -76,21 +79,11 @@ def trained(tiny_model_dir, tmp_path_factory) -> dict:
     out = str(tmp_path_factory.mktemp("model_merger"))
     tied_dir = save_tiny_qwen2(os.path.join(out, "tied_qwen2"), seed=1, tie_word_embeddings=True)
     model_dirs = {"actor": tiny_model_dir, "tied": tied_dir, "critic": tiny_model_dir}
-    spawn_gloo(_train_and_save, WORLD, out, model_dirs)
-    engine_wrote_config = {}
-    for name, _ in RUNS:  # until the engine writes <checkpoint>/huggingface itself, do it here
-        hf_dir = os.path.join(out, name, "huggingface")
-        engine_wrote_config[name] = os.path.isfile(os.path.join(hf_dir, "config.json"))
-        if not engine_wrote_config[name]:
-            os.makedirs(hf_dir, exist_ok=True)
-            shutil.copyfile(os.path.join(model_dirs[name], "config.json"), os.path.join(hf_dir, "config.json"))
-    # A config folder with a tokenizer, passed explicitly with --hf_model_config_path.
-    config_dir = os.path.join(out, "actor_config")
-    os.makedirs(config_dir)
-    shutil.copyfile(os.path.join(tiny_model_dir, "config.json"), os.path.join(config_dir, "config.json"))
-    _save_tokenizer(config_dir)
+    tokenizer_dir = os.path.join(out, "tokenizer")  # the tokenizer the actor's checkpoint is saved with
+    _save_tokenizer(tokenizer_dir)
+    spawn_gloo(_train_and_save, WORLD, out, model_dirs, tokenizer_dir)
     records = torch.load(os.path.join(out, "records.pt"))
-    return {"out": out, "model_dirs": model_dirs, "records": records, "config_dir": config_dir, **engine_wrote_config}
+    return {"out": out, "model_dirs": model_dirs, "records": records}
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -105,17 +98,75 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.double() - b.double()).abs().max().item()
 
 
+def _config_json(folder: str) -> dict:
+    with open(os.path.join(folder, "config.json")) as f:
+        return json.load(f)
+
+
+# The fields of config.json that define the model (its parameters' names and shapes, its special tokens).
+MODEL_FIELDS = (
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "rope_parameters",
+    "tie_word_embeddings",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+)
+
+
+def _model_fields(config: dict) -> dict:
+    return {key: config.get(key) for key in MODEL_FIELDS}
+
+
+# ----------------------------------------------------------------------------- who writes the config
+def test_checkpoint_holds_the_hf_folder_the_engine_wrote(trained):
+    from transformers import AutoTokenizer
+
+    out = trained["out"]
+    for name, role in RUNS:
+        hf_dir = os.path.join(out, name, "huggingface")
+        saved, model = _config_json(hf_dir), _config_json(trained["model_dirs"][name])
+        assert _model_fields(saved) == _model_fields(model), name
+        assert len(saved.get("id2label", {0: 0, 1: 1})) == (1 if role == "critic" else 2), name  # num_labels
+    assert _config_json(os.path.join(out, "tied", "huggingface"))["tie_word_embeddings"] is True
+    # save_checkpoint(tokenizer_path=...) put the actor's tokenizer next to its config
+    assert AutoTokenizer.from_pretrained(os.path.join(out, "actor", "huggingface")).convert_tokens_to_ids("w42") == 42
+
+
+@pytest.mark.parametrize("name, role", RUNS, ids=[name for name, _ in RUNS])
+def test_merger_writes_the_models_config(trained, tmp_path, name, role):
+    target = str(tmp_path / "merged")
+    merge_fsdp_checkpoint(os.path.join(trained["out"], name), target, is_value_model=role == "critic")
+    assert os.path.isfile(os.path.join(target, "config.json")), "the merger wrote no config.json"
+    written = _config_json(target)
+    assert _model_fields(written) == _model_fields(_config_json(trained["model_dirs"][name]))
+    # the class of the model it wrote (the checkpoint's own config still names the causal LM for the critic) ...
+    kind = "Qwen2ForTokenClassification" if role == "critic" else "Qwen2ForCausalLM"
+    assert written["architectures"] == [kind]
+    assert len(written.get("id2label", {0: 0, 1: 1})) == (1 if role == "critic" else 2)
+    # ... and the dtype of the weights it wrote (float32 here: see test_dtype_option_casts for a cast)
+    assert written["dtype"] == "float32"
+
+
 # ----------------------------------------------------------------------------- merging
 def test_merge_cli_gives_the_trainers_logits(trained, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out, target = trained["out"], str(tmp_path / "actor_hf")
     args = ["merge", "--backend", "fsdp", "--local_dir", os.path.join(out, "actor"), "--target_dir", target]
-    result = _cli(*args, "--hf_model_config_path", trained["config_dir"], "--use_cpu_initialization")
+    result = _cli(*args, "--use_cpu_initialization")  # config and tokenizer from the checkpoint's huggingface/
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines() == [f"merged {os.path.join(out, 'actor')} into {target}"]
     assert os.path.isfile(os.path.join(target, "model.safetensors"))
-    assert AutoTokenizer.from_pretrained(target).convert_tokens_to_ids("w42") == 42  # tokenizer files came along
+    assert AutoTokenizer.from_pretrained(target).convert_tokens_to_ids("w42") == 42  # the tokenizer came along
 
     model = AutoModelForCausalLM.from_pretrained(target)
     assert model.dtype == torch.float32 and model.config.dtype == torch.float32
@@ -157,12 +208,14 @@ def test_merge_value_model(trained, tmp_path):
 def test_dtype_option_casts(trained, tmp_path):
     from safetensors.torch import load_file
 
-    local_dir = os.path.join(trained["out"], "actor")
-    target = merge_fsdp_checkpoint(local_dir, str(tmp_path / "bf16"), dtype="bfloat16")
+    local_dir, start = os.path.join(trained["out"], "actor"), trained["model_dirs"]["actor"]
+    # the config of the model the training started from, passed explicitly (its config.json says float32)
+    target = merge_fsdp_checkpoint(local_dir, str(tmp_path / "bf16"), dtype="bfloat16", hf_model_config_path=start)
     weights = load_file(os.path.join(target, "model.safetensors"))
     assert {t.dtype for t in weights.values()} == {torch.bfloat16}
-    with open(os.path.join(target, "config.json")) as f:
-        assert json.load(f)["dtype"] == "bfloat16"
+    written = _config_json(target)
+    assert written["dtype"] == "bfloat16" and _config_json(start)["dtype"] == "float32"
+    assert _model_fields(written) == _model_fields(_config_json(start))
 
 
 # ----------------------------------------------------------------------------- the test subcommand

@@ -256,7 +256,7 @@ def test_the_recipe_trains_two_steps_with_dynamic_sampling(dapo_run):
 
 
 def test_the_dapo_scorer_and_the_overlong_buffer_scored_every_sample(dapo_run):
-    tmp, code, output, _ = dapo_run
+    tmp, code, output, records = dapo_run
     assert code == 0, output[-4000:]
     for step in (1, 2):
         rows = [json.loads(line) for line in (tmp / "rollouts" / f"{step}.jsonl").read_text().splitlines()]
@@ -265,8 +265,14 @@ def test_the_dapo_scorer_and_the_overlong_buffer_scored_every_sample(dapo_run):
         for row in rows:
             assert {"acc", "pred", "overlong_reward", "overlong"} <= set(row), sorted(row)
             assert -1.0 <= row["overlong_reward"] <= 0.0 and row["overlong"] == (row["overlong_reward"] < 0)
+            # DAPO's eq. 13 by hand: a response of L tokens past 16 - 8 loses (L - 8) / 8, so a multiple of 1/8
+            assert row["overlong_reward"] * 8 == pytest.approx(round(row["overlong_reward"] * 8), abs=1e-6)
             # math_dapo's ±1, plus the overlong penalty
             assert row["score"] == pytest.approx((1.0 if row["acc"] else -1.0) + row["overlong_reward"])
             by_prompt[row["input"]].append(row["score"])
         # only informative groups were trained on: a prompt's responses do not all score the same
         assert all(len(set(scores)) > 1 for scores in by_prompt.values()), by_prompt
+        # the full penalty (-1) is exactly the responses cut at 16 tokens: the trainer's clip ratio of that batch
+        data = next(r["data"] for r in records if r["step"] == step)
+        full = sum(row["overlong_reward"] == pytest.approx(-1.0) for row in rows) / len(rows)
+        assert full == pytest.approx(data["response_length/clip_ratio"]), (full, data["response_length/clip_ratio"])

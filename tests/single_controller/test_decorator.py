@@ -74,7 +74,7 @@ def test_one_to_all_and_dp_compute():
         fns["dispatch_fn"](FakeGroup(), [1, 2])
     with pytest.raises(RuntimeError, match="expected 3 outputs"):
         fns["collect_fn"](FakeGroup(), [1])
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(NotImplementedError, match="DIRECT_ROLLOUT_METHOD marks rollout-server methods"):
         get_predefined_dispatch_fn(Dispatch.DIRECT_ROLLOUT_METHOD)["dispatch_fn"](FakeGroup())
 
 

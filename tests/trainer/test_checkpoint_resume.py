@@ -4,6 +4,7 @@ last checkpoint loadable and are reported by name."""
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import signal
@@ -16,10 +17,18 @@ import pytest
 
 from tests.trainer.test_main_ppo import main_command, quickstart, read_jsonl, run_main
 
-# 48 prompts of 16: 3 steps per epoch, so 4 steps cross an epoch boundary; 2 worker processes.
+# 48 prompts of 16: 3 steps per epoch, so 4 steps cross an epoch boundary; 2 worker processes. PPO with a critic
+# (GAE) and a KL loss (so the reference policy runs too): every engine's state (actor, critic, optimizers, RNGs)
+# must resume exactly. The critic fits each batch 4 times at lr 1e-4: its loss falls over the 4 steps.
 COMMON = (
     "trainer.n_gpus_per_node=2",
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
+    "algorithm.adv_estimator=gae",
+    "critic.ppo_micro_batch_size_per_gpu=32",
+    "critic.model.fsdp_config.dtype=float32",
+    "critic.optim.lr=1e-4",
+    "critic.ppo_epochs=4",
+    "actor_rollout_ref.actor.use_kl_loss=true",
     "data.train_max_samples=48",
     "trainer.total_epochs=3",
     "trainer.total_training_steps=4",
@@ -27,6 +36,20 @@ COMMON = (
 )
 # what may differ between two runs of the same steps: wall-clock figures
 NOT_COMPARED = ("timing", "time", "throughput", "memory", "seconds")
+# present, finite floats at every step of a PPO run with a critic and a KL loss
+FINITE = (
+    "actor/pg_loss",
+    "actor/kl_loss",
+    "actor/entropy",
+    "actor/grad_norm",
+    "critic/vf_loss",
+    "critic/vf_clipfrac",
+    "critic/values/mean",
+    "critic/vf_explained_var",
+    "critic/grad_norm",
+    "critic/advantages/mean",
+    "critic/returns/mean",
+)
 
 
 def comparable(record: dict) -> dict:
@@ -60,20 +83,47 @@ def straight(tmp_path_factory) -> tuple[Path, dict[int, dict]]:
     return tmp, steps(records)
 
 
-def _worker_pids() -> list[int]:
-    """Processes of Ray actors of the fused worker class (their title is ``ray::WorkerDict_<roles>...``)."""
-    pids = []
+def _parents() -> dict[int, int]:
+    """``{pid: parent pid}`` of every process on the machine."""
+    parents = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
-            try:
-                title = (entry / "cmdline").read_bytes().split(b"\0")[0]
-            except OSError:
+            try:  # /proc/<pid>/stat: "pid (comm) state ppid ..."; comm may hold spaces, so split after ")"
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
                 continue
-            if title.startswith(b"ray::WorkerDict"):
-                pids.append(int(entry.name))
+    return parents
+
+
+def _descendants(root: int) -> set[int]:
+    """The processes started, directly or not, by ``root`` (Ray's raylet and its workers descend from the driver)."""
+    parents = _parents()
+    found: set[int] = set()
+    for pid in parents:
+        chain, cur = [], pid
+        while cur in parents and cur not in (0, 1, root) and cur not in found:
+            chain.append(cur)
+            cur = parents[cur]
+        if cur == root or cur in found:
+            found.update(chain)
+    return found
+
+
+def _worker_pids(root: int) -> list[int]:
+    """Processes of this run's Ray actors of the fused worker class (title ``ray::WorkerDict_<roles>...``), and
+    only this run's: descendants of its driver process ``root``, never another run's workers on the machine."""
+    pids = []
+    for pid in sorted(_descendants(root)):
+        try:
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+        except OSError:
+            continue
+        if title.startswith(b"ray::WorkerDict"):
+            pids.append(pid)
     return pids
 
 
+@pytest.mark.timeout(900)  # three runs (the straight one, killed, resumed): ~4 minutes on an idle 2-core machine
 def test_a_killed_worker_stops_the_run_and_the_resumed_run_matches(tmp_path, straight):
     straight_dir, reference = straight
     args, env, log = main_command(tmp_path, *COMMON, name="killed")
@@ -84,8 +134,8 @@ def test_a_killed_worker_stops_the_run_and_the_resumed_run_matches(tmp_path, str
     while not (tracker.exists() and tracker.read_text().strip() == "2"):
         assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its step-2 checkpoint"
         time.sleep(0.05)
-    victims = _worker_pids()
-    assert victims, "no worker process found"
+    victims = _worker_pids(proc.pid)
+    assert len(victims) == 2, f"expected this run's 2 worker processes, found {victims}"
     os.kill(victims[0], signal.SIGKILL)  # a training worker dies in the middle of step 3
     killed_at = time.monotonic()
     output, _ = proc.communicate(timeout=180)
@@ -96,7 +146,8 @@ def test_a_killed_worker_stops_the_run_and_the_resumed_run_matches(tmp_path, str
     assert "died while running" in output and "actor_rollout" in output and "in stage" in output, output[-3000:]
 
     # resume (trainer.resume_mode=auto): from step 2, through the epoch boundary after step 3, to step 4
-    code, output, records = run_main(tmp_path, *COMMON, "trainer.max_actor_ckpt_to_keep=2", name="resumed")
+    keep_two = ("trainer.max_actor_ckpt_to_keep=2", "trainer.max_critic_ckpt_to_keep=2")
+    code, output, records = run_main(tmp_path, *COMMON, *keep_two, name="resumed")
     assert code == 0, output[-3000:]
     assert "resumed from" in output and "global_step_2" in output
     resumed = steps(records)
@@ -131,10 +182,26 @@ def test_resume_from_an_epoch_boundary_neither_skips_nor_repeats(tmp_path, strai
     assert ours == theirs
 
 
+def test_gae_with_a_kl_loss_trains_its_critic_and_moves_away_from_the_reference(straight):
+    records = straight[1]
+    assert sorted(records) == [1, 2, 3, 4]
+    series = {key: [records[step][key] for step in (1, 2, 3, 4)] for key in FINITE}
+    for key, values in series.items():  # the file logger writes NaN as the string "nan": floats, and finite
+        assert all(isinstance(v, float) and math.isfinite(v) for v in values), (key, values)
+    vf_loss = series["critic/vf_loss"]
+    assert max(vf_loss[2:]) < vf_loss[0], vf_loss  # the critic learns the returns (measured: 0.024 -> 0.005, 0.009)
+    kl_loss = series["actor/kl_loss"]
+    assert kl_loss[0] == pytest.approx(0.0, abs=1e-7), kl_loss  # step 1's single update starts at the reference
+    assert all(later > 0 for later in kl_loss[1:]), kl_loss  # then the policy has moved: k3 KL > 0
+    for step in (1, 2, 3, 4):  # GAE's advantages are whitened over the batch's response tokens
+        assert records[step]["critic/advantages/mean"] == pytest.approx(0.0, abs=1e-5), step
+        assert records[step]["actor/kl_coef"] == 0.001  # actor.kl_loss_coef's default
+
+
 def test_checkpoint_layout(straight):
     folder = straight[0] / "ckpt" / "global_step_4"
     names = {p.name for p in folder.iterdir()}
-    assert names == {"actor", "data.pt", "trainer_state.pt"}
+    assert names == {"actor", "critic", "data.pt", "trainer_state.pt"}
     actor = {p.name for p in (folder / "actor").iterdir()}
     assert {".metadata", "__0_0.distcp", "__1_0.distcp", "extra_state.pt", "rng_rank_0.pt", "rng_rank_1.pt"} <= actor
     hf = {p.name for p in (folder / "actor" / "huggingface").iterdir()}

@@ -50,6 +50,15 @@ def series(records: list, key: str) -> list[float]:
     return [r["data"][key] for r in records if key in r["data"]]
 
 
+def assert_finite(data: dict, *keys: str) -> None:
+    """Each key is logged as a finite float (the file logger writes NaN and inf as strings, which fail here)."""
+    for key in keys:
+        assert key in data, key
+        value = data[key]
+        assert isinstance(value, (int, float)) and not isinstance(value, bool), (key, value)
+        assert math.isfinite(value), (key, value)
+
+
 @pytest.mark.slow
 def test_demo_learns_out_of_the_box(tmp_path):
     code, output, records = run_main(tmp_path)
@@ -59,41 +68,16 @@ def test_demo_learns_out_of_the_box(tmp_path):
     first, last = sum(scores[:5]) / 5, sum(scores[-5:]) / 5
     assert last - first >= 0.2, scores
     assert "Training Progress" in output  # the tqdm bar
-    for key in (
-        "actor/pg_loss",
-        "actor/grad_norm",
-        "timing_s/gen",
-        "timing_s/update_actor",
-        "timing_s/step",
-        "response_length/mean",
-        "prompt_length/mean",
-        "perf/throughput",
-        "perf/time_per_step",
-    ):
-        assert key in records[-1]["data"], key
-
-
-def test_ppo_with_critic_and_kl_loss_runs(tmp_path):
-    code, output, records = run_main(
-        tmp_path,
-        "algorithm.adv_estimator=gae",
-        "critic.ppo_micro_batch_size_per_gpu=64",
-        "critic.model.fsdp_config.dtype=float32",
-        "actor_rollout_ref.actor.use_kl_loss=true",
-        "trainer.total_training_steps=2",
-    )
-    assert code == 0, output[-3000:]
-    data = records[-1]["data"]
-    for key in (
-        "critic/vf_loss",
-        "critic/values/mean",
-        "critic/vf_explained_var",
-        "actor/kl_loss",
-        "timing_s/ref",
-        "timing_s/values",
-        "timing_s/update_critic",
-    ):
-        assert key in data, key
+    for record in records:
+        if not record["data"]:
+            continue
+        data = record["data"]
+        assert_finite(data, "actor/pg_loss", "actor/grad_norm", "actor/entropy", "critic/advantages/mean")
+        assert_finite(data, "timing_s/gen", "timing_s/update_actor", "timing_s/step", "perf/time_per_step")
+        assert data["perf/throughput"] > 0 and data["timing_s/step"] >= data["timing_s/update_actor"] > 0
+        assert 1 <= data["response_length/mean"] <= 8 and data["prompt_length/mean"] > 0  # 8 response tokens
+    grad_norms = series(records, "actor/grad_norm")
+    assert min(grad_norms) >= 0 and sum(g > 0 for g in grad_norms) >= len(grad_norms) // 2, grad_norms
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -238,7 +222,8 @@ def test_rollout_correction_bypass_mode_and_the_optimal_token_baseline(tmp_path)
     assert code == 0, output[-3000:]
     data = records[-1]["data"]
     assert "timing_s/old_log_prob" not in data  # the rollout's log-probs stood in for the old-policy pass
-    assert "rollout_corr/rollout_is_mean" in data and data["actor/pg_loss"] == data["actor/pg_loss"]
+    assert_finite(data, "rollout_corr/rollout_is_mean", "actor/pg_loss", "actor/grad_norm")
+    assert 0.0 < data["rollout_corr/rollout_is_mean"] <= 2.0 and data["actor/grad_norm"] > 0
 
 
 def test_bad_config_fails_before_ray_naming_every_problem(tmp_path):
@@ -352,7 +337,9 @@ def test_verl_quickstart_command_runs_on_local_tiny_files(tmp_path):
     )
     assert code == 0, output[-3000:]
     last = records[-1]["data"]
-    assert "val-core/openai/gsm8k/reward/mean@1" in last and "critic/vf_loss" in last
+    assert_finite(last, "val-core/openai/gsm8k/reward/mean@1", "critic/vf_loss", "critic/values/mean", "actor/pg_loss")
+    assert 0.0 <= last["val-core/openai/gsm8k/reward/mean@1"] <= 1.0  # gsm8k's scorer gives 0 or 1 per sample
+    assert last["critic/vf_loss"] > 0 and last["critic/advantages/mean"] == pytest.approx(0.0, abs=1e-5)  # whitened
     assert (tmp_path / "ckpt" / "global_step_2" / "actor").is_dir()  # save at the last step
     # veRL's curriculum hook: update(batch) after each trained step, with that step's scored batch
     assert [line.split()[0] for line in log.read_text().splitlines()] == ["8", "8"]

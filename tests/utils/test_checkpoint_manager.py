@@ -148,6 +148,6 @@ def test_save_state_file_is_atomic(tmp_path):
         def __reduce__(self):
             raise RuntimeError("cannot pickle")
 
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="cannot pickle"):
         save_state_file({"a": Unpicklable()}, str(file))
     assert load_state_file(str(file)) == {"a": 1} and file.stat().st_mtime == mtime

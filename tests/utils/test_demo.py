@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -125,7 +126,7 @@ def test_a_failed_rename_without_a_winner_raises(tmp_path, monkeypatch):
         os.makedirs(final / "junk")  # the target exists, not empty, with no manifest
 
     monkeypatch.setattr(demo, "_build", build_then_block)
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match=f"-> '{re.escape(str(final))}'"):  # os.replace's error, naming the target
         ensure_demo_assets(tmp_path)
     assert sorted(os.listdir(tmp_path / "demo")) == [final.name]  # our temp dir was cleaned up
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import os
 
 import pytest
 import torch
@@ -13,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
 
-from tests.dist_utils import free_port
+from tests.dist_utils import file_init_method
 from verl.protocol import DataProto
 from verl.utils.seqlen_balancing import (
     balance_batch,
@@ -174,9 +173,8 @@ def test_micro_batch_errors():
         restore_order([torch.zeros(1)], [[0, 1]])
 
 
-def _two_rank_worker(rank: int, port: int, results) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+def _two_rank_worker(rank: int, init_method: str, results) -> None:
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=2)
     try:
         # rank 0 holds 40 tokens (4 micro-batches of ≤ 10), rank 1 only 8 (1 alone): both must run 4
         lens = [10, 10, 10, 10] if rank == 0 else [2, 2, 2, 2]
@@ -192,9 +190,9 @@ def _two_rank_worker(rank: int, port: int, results) -> None:
         dist.destroy_process_group()
 
 
-def test_micro_batch_count_agrees_over_the_data_parallel_group():
+def test_micro_batch_count_agrees_over_the_data_parallel_group(tmp_path):
     results = mp.Manager().dict()
-    mp.spawn(_two_rank_worker, args=(free_port(), results), nprocs=2, join=True)
+    mp.spawn(_two_rank_worker, args=(file_init_method(tmp_path), results), nprocs=2, join=True)
     assert results[0][:2] == (4, [0, 1, 2, 3]) and results[1][:2] == (4, [0, 1, 2, 3])
     assert "another data-parallel rank" in results[0][2]
     assert "a sequence of 11 tokens exceeds max_token_len=10" in results[1][2]

@@ -86,17 +86,34 @@ def reference_log_probs(model: torch.nn.Module, batch: DataProto) -> torch.Tenso
     return torch.log_softmax(logits, -1).gather(-1, b["responses"].unsqueeze(-1)).squeeze(-1)
 
 
-@pytest.fixture(scope="module", params=ENGINES)
-def hybrid(request, ray_cluster, tiny_model_dir):
-    if request.param == "vllm":
+def start_hybrid(engine: str, model_dir: str, name: str):
+    if engine == "vllm":
         pytest.importorskip("vllm", reason="the vllm-marked tests run in the vllm venv built by scripts/test.sh")
     pool = RayResourcePool([2], use_gpu=False, max_colocate_count=1)
-    config = arr_config(tiny_model_dir, request.param)
+    config = arr_config(model_dir, engine)
     cls = RayClassWithInitArgs(ray.remote(ActorRolloutRefWorker), config=config, role="actor_rollout_ref")
-    wg = RayWorkerGroup(pool, cls, name_prefix=f"hybrid_{request.param}")
-    wg.engine = request.param
+    wg = RayWorkerGroup(pool, cls, name_prefix=f"{name}_{engine}")
+    wg.engine = engine
     wg.set_weight_sync_verification(True)
     wg.init_model()
+    return wg, pool
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def hybrid(request, ray_cluster, tiny_model_dir):
+    """Shared by the module's tests: each leaves the actor's weights as the model on disk (a test that trains
+    restores them from its checkpoint, or trains its own group), so they pass in any order."""
+    wg, pool = start_hybrid(request.param, tiny_model_dir, "hybrid")
+    yield wg
+    wg.shutdown()
+    pool.release()
+
+
+@pytest.fixture(params=ENGINES)
+def fresh_hybrid(request, ray_cluster, tiny_model_dir):
+    """A group of its own, for a test that needs an untouched optimizer (a checkpoint load restores the weights but
+    not a never-stepped optimizer: saving one initialises its state)."""
+    wg, pool = start_hybrid(request.param, tiny_model_dir, "fresh")
     yield wg
     wg.shutdown()
     pool.release()
@@ -138,7 +155,8 @@ def test_same_seed_same_samples_and_sleep_wake_restores_generation(hybrid):
     assert not torch.equal(hybrid.generate_sequences(other_step).batch["responses"], first.batch["responses"])
 
 
-def test_update_actor_matches_a_single_process_step_and_syncs_the_engine(hybrid, tiny_model_dir):
+def test_update_actor_matches_a_single_process_step_and_syncs_the_engine(fresh_hybrid, tiny_model_dir):
+    hybrid = fresh_hybrid  # a fresh AdamW, as the reference's
     batch = hybrid.generate_sequences(prompts())
     batch = batch.union(hybrid.compute_log_prob(batch))
     g = torch.Generator().manual_seed(5)

@@ -2,7 +2,8 @@
 
 ``omega_conf_to_dataclass`` is the one in :mod:`verl.base_config`. ``validate_config`` checks a whole trainer
 config with :func:`verl.trainer.config.validate.validate_config`, imported only when called (``verl.utils`` never
-imports the trainer at module import time).
+imports the trainer at module import time). That call is the one import of ``verl.trainer`` below it, exempted by name
+in ``tests/test_layering.py``: the validator checks a whole trainer config (its sections, its not-implemented table).
 """
 
 from __future__ import annotations

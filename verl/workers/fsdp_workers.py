@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 
+from verl.algorithms.rollout_corr_helper import compute_rollout_corr_metrics_from_logprobs
 from verl.checkpoint_engine import get_checkpoint_engine
 from verl.protocol import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
-from verl.trainer.ppo.rollout_corr_helper import compute_rollout_corr_metrics_from_logprobs
 from verl.utils.device import get_device_name
 from verl.utils.distributed import initialize_global_process_group
 from verl.utils.import_utils import import_external_libs

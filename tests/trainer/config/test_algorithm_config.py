@@ -38,7 +38,7 @@ def test_built_from_omegaconf_with_nested_groups():
     assert cfg.kl_ctrl.type == "adaptive" and cfg.filter_groups.metric == "acc"
     assert cfg.rollout_correction.rollout_is_threshold == "0.5_5.0"
     assert cfg.get("gamma") == 1.0 and cfg["adv_estimator"] == "grpo"  # Mapping access, as for a DictConfig
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(dataclasses.FrozenInstanceError, match=r"AlgoConfig\.gamma is frozen"):
         cfg.gamma = 0.5
     with pytest.raises(ValueError, match="unknown config key"):
         omega_conf_to_dataclass({"gama": 0.9}, AlgoConfig)

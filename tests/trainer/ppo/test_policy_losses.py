@@ -264,7 +264,11 @@ def test_bypass_mode_dispatches_on_loss_type():
     ratio = torch.exp(new.detach() - rollout)
     kept = ((ratio >= 1 / 1.3) & (ratio <= 1.3)).double()
     assert_tight(loss, ref.vanilla(rollout, new, adv, kept))
-    assert "rollout_corr/rollout_rs_masked_fraction" in metrics and "actor/pg_clipfrac" in metrics
+    masked = metrics["rollout_corr/rollout_rs_masked_fraction"]
+    assert 0 < masked < 1 and masked == pytest.approx(1 - float(kept.mean()))
+    # the PPO metrics are the clipped loss's on the tokens left in (old = rollout)
+    _, on_kept = ca.compute_policy_loss_vanilla(rollout, new.detach(), adv, kept, "token-mean", actor())
+    assert 0 < metrics["actor/pg_clipfrac"] < 1 and metrics["actor/pg_clipfrac"] == on_kept["actor/pg_clipfrac"]
 
     pg_rc = RolloutCorrectionConfig(
         bypass_mode=True, loss_type="reinforce", rollout_is="token", rollout_is_threshold=1.5
@@ -311,5 +315,5 @@ def test_tolerance_trips_on_a_wrong_value():
     loss = ca.compute_policy_loss_vanilla(old, new.double(), adv.double(), mask, config=actor())[0]
     expected = ref.vanilla(old, new.double(), adv.double(), mask)
     assert_tight(loss, expected)
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="Scalars are not close"):  # the values, not the shapes
         assert_tight(loss, expected * (1 + 1e-5))

@@ -167,7 +167,7 @@ def test_add_to_batch_updates_mask_and_adds_weights():
     assert_tight(
         batch.batch["rollout_is_weights"], torch.tensor([[1.0, 2.0], [math.exp(0.1), 1.0]], dtype=torch.float64)
     )
-    assert "rollout_corr/rollout_rs_masked_fraction" in metrics
+    assert metrics["rollout_corr/rollout_rs_masked_fraction"] == 0.25  # 1 of the 4 tokens
     with pytest.raises(ValueError, match="rollout_log_probs"):
         rc.compute_rollout_correction_and_add_to_batch(_batch(old_log_probs=train, response_mask=train), cfg)
 

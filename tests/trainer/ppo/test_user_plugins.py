@@ -89,5 +89,6 @@ def test_accepted_kwargs():
     assert declared_parameters(declared) == frozenset({"a", "b", "c"}) and declared_parameters(takes_any) is None
     assert accepted_kwargs(declared, {"a": 1, "c": 3, "d": 4}) == {"a": 1, "c": 3}
     assert accepted_kwargs(takes_any, {"a": 1, "d": 4}) == {"a": 1, "d": 4}
-    with pytest.raises(TypeError):  # a missing required argument is still the function's own error
+    # a missing required argument is still the function's own error
+    with pytest.raises(TypeError, match=r"declared\(\) missing 1 required positional argument: 'a'"):
         call_with_accepted_kwargs(declared, c=3)

@@ -133,9 +133,11 @@ class TestArithmetic:
         assert pq.read_table(tmp_path / "train.parquet").to_pylist() == make_arithmetic_rows(12, 4, "train")
         assert pq.read_table(tmp_path / "test.parquet").to_pylist() == make_arithmetic_rows(3, 2, "test")
 
-    def test_sizes_must_be_positive(self, tmp_path):
-        with pytest.raises(SystemExit):
+    def test_sizes_must_be_positive(self, tmp_path, capsys):
+        with pytest.raises(SystemExit) as exit_info:
             load_script("arithmetic").main(["--local_save_dir", str(tmp_path), "--train_size", "0"])
+        assert exit_info.value.code == 2  # argparse's usage error
+        assert "error: --train_size and --test_size must be positive" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", ["arithmetic", "gsm8k"])

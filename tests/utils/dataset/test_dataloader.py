@@ -96,7 +96,8 @@ class TestSampler:
         cfg = {"sampler": {"class_path": files["custom"], "class_name": "Reversed"}, "dataloader_num_workers": 0}
         assert list(create_rl_sampler(cfg, dataset)) == list(range(19, -1, -1))
         module_cfg = {"sampler": {"class_path": "torch.utils.data", "class_name": "SequentialSampler"}}
-        with pytest.raises(TypeError):  # a real class, but it takes no data_config: the user's error surfaces as is
+        # a real class, but it takes no data_config: the user's error surfaces as is
+        with pytest.raises(TypeError, match=r"__init__\(\) got an unexpected keyword argument 'data_config'"):
             create_rl_sampler(module_cfg, dataset)
 
     @pytest.mark.parametrize(

@@ -123,6 +123,94 @@ def test_update_matches_a_hand_written_ppo_step():
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
 
 
+def _hand_log_probs_and_entropy(model: torch.nn.Module, b) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob of each response token and the entropy of its tempered (T = 0.7) next-token distribution."""
+    logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]).logits
+    log_dist = torch.log_softmax(logits[:, PROMPT - 1 : -1] / 0.7, -1)
+    entropy = -(log_dist.exp() * log_dist).sum(-1)
+    return log_dist.gather(-1, b["responses"].unsqueeze(-1)).squeeze(-1), entropy
+
+
+def _hand_agg(x: torch.Tensor, mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
+    if loss_agg_mode == "token-mean":  # over every valid token of the mini-batch
+        return (x * mask).sum() / mask.sum()
+    assert loss_agg_mode == "seq-mean-token-mean"  # each sequence's token mean, then the mean over sequences
+    return ((x * mask).sum(-1) / mask.sum(-1)).mean()
+
+
+@pytest.mark.parametrize(
+    "kl_loss_type, loss_agg_mode", [("low_var_kl", "token-mean"), ("k1", "seq-mean-token-mean")], ids=["k3", "k1"]
+)
+def test_kl_loss_and_entropy_terms_match_a_hand_written_step(kl_loss_type, loss_agg_mode):
+    lr, kl_coef, ent_coef = 0.5, 0.3, 0.01
+    cfg = config(
+        kl_loss_type=kl_loss_type,
+        kl_loss_coef=kl_coef,
+        entropy_coeff=ent_coef,
+        loss_agg_mode=loss_agg_mode,
+        ppo_micro_batch_size_per_gpu=3,  # 3 + 3 + 2 rows: the terms are aggregated over the whole mini-batch
+        grad_clip=1e9,
+    )
+    actor = make_actor(cfg)
+    reference = copy.deepcopy(actor.actor_module)
+    before = [p.detach().clone() for p in reference.parameters()]
+    data = make_batch()
+    b = data.batch
+    mask = b["response_mask"].float()
+    # Reference log-probs within ±1 nat of the policy's own (make_batch's are so far off that low_var_kl would sit
+    # at its clamp), plus two tokens beyond low_var_kl's clamp at 10: k3(-15) = e^-15 + 14 and k3(3) = e^3 - 4.
+    with torch.no_grad():
+        logp0, _ = _hand_log_probs_and_entropy(reference, b)
+    offset = torch.rand(logp0.shape, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    offset[2, 1], offset[3, 4] = -15.0, 3.0
+    b["ref_log_prob"] = logp0 + offset
+    metrics = actor.update_policy(data)
+
+    # The step written out: PPO-clip (dual clip, c = 3) − entropy_coeff · entropy + kl_loss_coef · KL(π ‖ π_ref).
+    logp, entropy = _hand_log_probs_and_entropy(reference, b)
+    ratio = torch.exp(logp - b["old_log_probs"])
+    adv = b["advantages"]
+    pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.2))
+    pg = torch.where(adv < 0, torch.minimum(pg, -adv * 3.0), pg)
+    delta = logp - b["ref_log_prob"]  # log π − log π_ref
+    if kl_loss_type == "k1":
+        kl = delta
+    else:  # k3 = e^{−Δ} + Δ − 1 (Schulman's low-variance estimator), −Δ clamped to ±20, the value to [−10, 10]
+        log_ratio = (-delta).clamp(-20.0, 20.0)
+        kl = (torch.exp(log_ratio) - log_ratio - 1).clamp(-10.0, 10.0)
+        assert int((kl.detach() == 10.0).sum()) == 2  # the two planted tokens, and only those, hit the clamp
+    pg_loss, ent_loss, kl_loss = (_hand_agg(x, mask, loss_agg_mode) for x in (pg, entropy, kl))
+    params = list(reference.parameters())
+    grads = {
+        name: torch.autograd.grad(term, params, retain_graph=True, allow_unused=True)
+        for name, term in (("pg", pg_loss), ("entropy", ent_loss), ("kl", kl_loss))
+    }
+
+    def update(pg_sign: float, ent_sign: float, kl_sign: float) -> torch.Tensor:
+        """−lr · ∇(pg_sign·pg_loss + ent_sign·entropy_coeff·entropy + kl_sign·kl_loss_coef·kl), flattened."""
+        parts = []
+        for i, p in enumerate(params):
+            total = torch.zeros_like(p)
+            for name, weight in (("pg", pg_sign), ("entropy", ent_sign * ent_coef), ("kl", kl_sign * kl_coef)):
+                if grads[name][i] is not None:
+                    total = total + weight * grads[name][i]
+            parts.append(-lr * total.reshape(-1))
+        return torch.cat(parts)
+
+    assert metrics["actor/pg_loss"][0] == pytest.approx(pg_loss.item(), rel=1e-5)
+    assert metrics["actor/entropy"][0] == pytest.approx(ent_loss.item(), rel=1e-5)
+    assert metrics["actor/kl_loss"][0] == pytest.approx(kl_loss.item(), rel=1e-5)
+    assert metrics["actor/kl_coef"] == [kl_coef]
+    expected = update(1.0, -1.0, 1.0)  # veRL's signs: entropy is a bonus (subtracted), the KL a penalty (added)
+    actual = torch.cat([(p.detach() - q).reshape(-1) for p, q in zip(actor.actor_module.parameters(), before)])
+    # float32: the update is a difference of O(1) weights, so it is exact to ~1e-7 absolute. Measured ≤ 6e-8.
+    torch.testing.assert_close(actual, expected, rtol=0, atol=1e-6)
+    for wrong in (update(1.0, 1.0, 1.0), update(1.0, -1.0, -1.0), update(1.0, 0.0, 1.0), update(1.0, -1.0, 0.0)):
+        assert not torch.allclose(actual, wrong, rtol=0, atol=1e-6)  # a flipped or dropped term is caught
+    # the norm of one long float32 vector: summed in float64, else its rounding (~1e-5) would swamp the check
+    assert metrics["actor/grad_norm"][0] == pytest.approx(expected.double().norm().item() / lr, rel=1e-6)
+
+
 def test_update_errors_are_clear():
     actor = make_actor(config(ppo_mini_batch_size_per_rank=3))
     with pytest.raises(ValueError, match="holds 8 samples, not a multiple of its mini-batch of 3"):

@@ -33,7 +33,7 @@ def test_built_from_omegaconf():
     cfg = omega_conf_to_dataclass(raw, ActorConfig)
     assert cfg.clip_ratio_high == 0.28 and cfg.policy_loss.loss_mode == "gspo"
     assert cfg.get("clip_ratio_c") == 3.0
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(dataclasses.FrozenInstanceError, match=r"ActorConfig\.clip_ratio is frozen"):
         cfg.clip_ratio = 0.1
     # The actor passes per-micro-batch global counts through a copy, never by mutating the user's config.
     per_micro = dataclasses.replace(cfg, global_batch_info={"dp_size": 2, "batch_num_tokens": 100})

@@ -50,7 +50,7 @@ def test_built_from_verl_yaml_node():
     )
     cfg = omega_conf_to_dataclass(raw, FSDPEngineConfig)
     assert cfg.strategy == "fsdp2" and cfg.forward_only and cfg["dtype"] == "bfloat16"
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(dataclasses.FrozenInstanceError, match=r"FSDPEngineConfig\.param_offload is frozen"):
         cfg.param_offload = True
 
 

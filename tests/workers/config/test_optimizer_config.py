@@ -26,7 +26,7 @@ def test_built_from_omegaconf_and_frozen():
     raw = OmegaConf.create({"lr": 1e-5, "betas": [0.9, 0.95], "lr_scheduler_type": "cosine", "min_lr_ratio": None})
     cfg = omega_conf_to_dataclass(raw, FSDPOptimizerConfig)
     assert cfg.lr == 1e-5 and list(cfg.betas) == [0.9, 0.95] and cfg.get("lr_scheduler_type") == "cosine"
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(dataclasses.FrozenInstanceError, match=r"FSDPOptimizerConfig\.total_training_steps is frozen"):
         cfg.total_training_steps = 100
     # The trainer injects the run length into a copy.
     sized = dataclasses.replace(cfg, total_training_steps=100)

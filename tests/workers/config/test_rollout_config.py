@@ -59,7 +59,7 @@ def test_defaults_follow_verl():
         backend="naive", update_weights_bucket_megabytes=2048, engine_kwargs={}
     )
     assert not cfg.greedy and RolloutConfig(temperature=0).greedy and RolloutConfig(do_sample=False).greedy
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(dataclasses.FrozenInstanceError, match=r"RolloutConfig\.n is frozen"):
         cfg.n = 4
 
 

@@ -209,9 +209,13 @@ def _two_rank_checks(rank: int, model_dir: str, tied_dir: str, out: str) -> None
     tied = FSDPEngine(tied_dir, _engine_config(), _optim_config())
     r["tied_init_sd"] = tied.get_full_state_dict()
     r["tied_norm"], _ = _train_step(tied, ids)
+    r["tied_step1_sd"] = tied.get_full_state_dict()  # recorded before the save: the round trip's reference
     tied.save_checkpoint(os.path.join(out, "tied_ckpt"))
+    _train_step(tied, ids)  # move off the saved weights: only a real load brings them back
+    r["tied_step2_sd"] = tied.get_full_state_dict()
     tied.load_checkpoint(os.path.join(out, "tied_ckpt"))
-    r["tied_step1_sd"] = tied.get_full_state_dict()
+    r["tied_reloaded_sd"] = tied.get_full_state_dict()
+    r["tied_still_tied"] = tied.module.lm_head.weight is tied.module.model.embed_tokens.weight
     del tied
 
     r["offload_logs"] = [m for m in records.messages if "offload calls do nothing" in m]
@@ -485,9 +489,20 @@ def test_full_state_helpers():
 def test_tied_embeddings(dist_run):
     out, ranks = dist_run
     hf = load_hf_model(os.path.join(out, "tied_qwen2"), value_model=False, dtype=torch.float32, seed=42)
-    expected = hf.state_dict()
+    expected = {k: v.detach().clone() for k, v in hf.state_dict().items()}  # copies: hf takes a step below
     assert "lm_head.weight" in expected and hf.lm_head.weight is hf.model.embed_tokens.weight
+    # The step of a plain single-process PyTorch model with the same tied parameter (as in the ``reference`` fixture).
+    hf.train()
+    (sum(_lm_loss(hf, half) for half in _batch().chunk(WORLD)) / WORLD).backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0).item()
+    torch.optim.AdamW(hf.parameters(), lr=LR, weight_decay=0.01, betas=(0.9, 0.999)).step()
+    step1 = {k: v.detach().clone() for k, v in hf.state_dict().items()}
     for r in ranks:
         assert list(r["tied_init_sd"]) == list(expected) and _max_diff(r["tied_init_sd"], expected) == 0.0
-        assert math.isfinite(r["tied_norm"])
-        assert torch.equal(r["tied_step1_sd"]["lm_head.weight"], r["tied_step1_sd"]["model.embed_tokens.weight"])
+        assert r["tied_norm"] == pytest.approx(grad_norm, rel=1e-5)
+        assert _max_diff(r["tied_step1_sd"], step1) < STEP_TOL
+        # The round trip restores the weights saved after step 1, not those of the step-2 model it loads into ...
+        assert _max_diff(r["tied_step2_sd"], r["tied_step1_sd"]) > 100 * STEP_TOL
+        assert _max_diff(r["tied_reloaded_sd"], r["tied_step1_sd"]) == 0.0
+        # ... and the loaded model still shares one tensor between its input and output embeddings.
+        assert r["tied_still_tied"]

@@ -126,10 +126,11 @@ class TestNaive:
         def slow(**kwargs):
             import time
 
-            time.sleep(2 if kwargs["solution_str"] == "3" else 0)
+            time.sleep(60 if kwargs["solution_str"] == "3" else 0)  # abandoned after the timeout (a daemon thread)
             return 1.0
 
-        manager = NaiveRewardManager(tokenizer, 0, compute_score=slow, num_workers=0, timeout_s=0.2)
+        # a good call takes ~2 ms in a thread here: 5 s is ample
+        manager = NaiveRewardManager(tokenizer, 0, compute_score=slow, num_workers=0, timeout_s=5)
         out = manager(make_batch(SAMPLES), return_dict=True)
         assert out["reward_metrics"] == {"reward/error_count": 0, "reward/timeout_count": 1}
         assert out["reward_tensor"].sum(-1).tolist() == [1.0, 0.0, 1.0]

@@ -50,6 +50,15 @@ def engine(model_dir):
     return rollout
 
 
+@pytest.fixture
+def restore_weights(engine, model_dir):
+    """For a test that loads other weights into the shared engine: the model on disk is loaded back afterwards, so
+    the tests that compare with it pass in any order."""
+    yield
+    original = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    ColocatedCheckpointEngine(dtype="float32").send_weights(original.state_dict().items(), engine, verify=True)
+
+
 def prompts(step: int = 1, **meta) -> DataProto:
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, 256, (3, PROMPT_LEN), generator=g)
@@ -90,7 +99,7 @@ def test_seeded_samples_are_reproducible_and_step_dependent(engine):
     assert not torch.equal(first.batch["responses"][0], first.batch["responses"][1])  # two samples of one prompt
 
 
-def test_update_weights_then_greedy_equals_hf_and_verification_holds(engine):
+def test_update_weights_then_greedy_equals_hf_and_verification_holds(engine, restore_weights):
     trained = build_tiny_qwen2(seed=11)
     sync = ColocatedCheckpointEngine(bucket_megabytes=0.2, dtype="float32")
     stats = sync.send_weights(trained.state_dict().items(), engine, verify=True)  # bucketed, verified bit for bit
@@ -111,7 +120,7 @@ def test_update_weights_then_greedy_equals_hf_and_verification_holds(engine):
     torch.testing.assert_close(out.batch["rollout_log_probs"], hf_log_probs(trained, out), rtol=0, atol=2e-5)
 
 
-def test_verification_catches_a_corrupted_tensor(engine):
+def test_verification_catches_a_corrupted_tensor(engine, restore_weights):
     weights = dict(build_tiny_qwen2(seed=12).state_dict())
     sync = ColocatedCheckpointEngine(dtype="float32")
     real = engine.update_weights

@@ -1,6 +1,7 @@
-"""Config schemas of the trainer's Hydra groups (and `CheckpointConfig` at veRL's path, for ``_target_`` keys)."""
+"""Config schemas of the trainer's Hydra groups, at veRL's paths (for ``_target_`` keys): the ``algorithm.*``
+schemas live in :mod:`verl.algorithms.config`, `CheckpointConfig` in :mod:`verl.workers.config.checkpoint`."""
 
-from verl.trainer.config.algorithm import (
+from verl.algorithms.config import (
     AlgoConfig,
     FilterGroupsConfig,
     KLControlConfig,

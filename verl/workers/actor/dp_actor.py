@@ -20,8 +20,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from verl.algorithms.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from verl.protocol import DataProto
-from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from verl.utils.padding import pack_forward, pad_input, response_slots
 from verl.utils.py_functional import call_with_accepted_kwargs
 from verl.utils.seqlen_balancing import rearrange_micro_batches, restore_order

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from verl.algorithms.config import LOSS_AGG_MODES, RolloutCorrectionConfig, validate_kl_penalty_type
 from verl.base_config import BaseConfig
-from verl.trainer.config.algorithm import LOSS_AGG_MODES, RolloutCorrectionConfig, validate_kl_penalty_type
 from verl.workers.config.checkpoint import CheckpointConfig
 from verl.workers.config.engine import FSDPEngineConfig
 from verl.workers.config.optimizer import FSDPOptimizerConfig

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
+from verl.algorithms.core_algos import compute_value_loss
 from verl.protocol import DataProto
-from verl.trainer.ppo.core_algos import compute_value_loss
 from verl.utils.padding import pack_forward, pad_input, response_slots
 from verl.utils.seqlen_balancing import restore_order
 from verl.utils.torch_functional import masked_mean

@@ -29,6 +29,17 @@ IDENTITY_KEYS = (
 )
 
 
+# what a tokenizer folder holds (one of them at least); transformers builds an empty tokenizer from a folder with none
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+
+
+def _has_tokenizer_files(path: str) -> bool:
+    """A local folder holds a tokenizer file; a hub name is left for transformers to resolve."""
+    if not os.path.isdir(path):
+        return True
+    return any(os.path.exists(os.path.join(path, name)) for name in TOKENIZER_FILES)
+
+
 def save_hf_folder(
     folder: str,
     model_config: Any,
@@ -40,7 +51,9 @@ def save_hf_folder(
     ``folder``. Call it on one rank."""
     os.makedirs(folder, exist_ok=True)
     model_config.save_pretrained(folder)
-    if tokenizer_path:
+    if tokenizer_path and not _has_tokenizer_files(tokenizer_path):
+        logger.warning("no tokenizer saved with the checkpoint: %s has no tokenizer files", tokenizer_path)
+    elif tokenizer_path:
         from transformers import AutoTokenizer
 
         try:

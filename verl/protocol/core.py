@@ -1,13 +1,7 @@
-"""`DataProto`: the batch that moves between the driver and the workers.
+"""`DataProto` and its row (`DataProtoItem`), the auto-padding switch (`DataProtoConfig`) and `DataProtoFuture`.
 
-A `DataProto` holds three things that always stay row-aligned:
-
-- ``batch``: a ``TensorDict`` whose first dimension is the batch (``input_ids``, ``attention_mask``, ...);
-- ``non_tensor_batch``: a dict of 1-D numpy object arrays, one entry per row (``uid``, ``data_source``, ...);
-- ``meta_info``: a plain dict of per-batch values (``temperature``, ``metrics`` returned by workers, ...).
-
-Every operation (indexing, chunk, concat, repeat, union, ...) applies the same row selection to tensors and
-non-tensors. The public names and semantics follow veRL's ``verl.protocol``.
+The helpers over these types are in :mod:`verl.protocol.ops` (which imports this module, never the other way);
+:mod:`verl.protocol` re-exports both under veRL's names.
 """
 
 from __future__ import annotations
@@ -16,7 +10,7 @@ import copy
 import logging
 import os
 import pickle
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,26 +27,7 @@ from verl.utils.tensordict_utils import (
     unpack_tensordict,
 )
 
-__all__ = [
-    "DataProto",
-    "DataProtoConfig",
-    "DataProtoFuture",
-    "DataProtoItem",
-    "all_gather_data_proto",
-    "collate_fn",
-    "deserialize_single_tensor",
-    "deserialize_tensordict",
-    "fold_batch_dim",
-    "list_of_dict_to_dict_of_list",
-    "numpy_dict_to_tensor_dict",
-    "pad_dataproto_to_divisor",
-    "serialize_single_tensor",
-    "serialize_tensordict",
-    "unfold_batch_dim",
-    "union_numpy_dict",
-    "union_tensor_dict",
-    "unpad_dataproto",
-]
+__all__ = ["DataProto", "DataProtoConfig", "DataProtoFuture", "DataProtoItem"]
 
 logger = logging.getLogger(__name__)
 
@@ -564,44 +539,52 @@ class DataProto:
         )
 
 
-# ---------------------------------------------------------------------- module-level helpers
-def pad_dataproto_to_divisor(data: DataProto, size_divisor: int) -> tuple[DataProto, int]:
-    """Pad ``data`` with copies of its first rows until its length divides ``size_divisor``.
+@dataclass
+class DataProtoFuture:
+    """A not-yet-materialized DataProto made of Ray object refs (output of one worker group, input of another).
 
-    Returns:
-        ``(padded, pad_size)``; ``unpad_dataproto(padded, pad_size)`` recovers ``data``.
+    ``get()`` fetches the refs, joins them with ``collect_fn`` and applies ``dispatch_fn`` (e.g. take chunk ``i``).
     """
-    if size_divisor <= 0:
-        raise ValueError(f"size_divisor must be positive, got {size_divisor}")
-    if len(data) % size_divisor == 0:
-        return data, 0
-    if len(data) == 0:
-        raise ValueError("cannot pad an empty DataProto")
-    pad_size = size_divisor - len(data) % size_divisor
-    pieces, remaining = [data], pad_size
-    while remaining > 0:
-        take = min(remaining, len(data))
-        pieces.append(data[:take])
-        remaining -= take
-    return DataProto.concat(pieces), pad_size
+
+    collect_fn: Callable
+    futures: list
+    dispatch_fn: Callable | None = None
+
+    @staticmethod
+    def concat(data: list) -> DataProtoFuture:
+        """A future that concatenates the DataProtos behind ``data`` (a list of Ray ObjectRefs)."""
+        return DataProtoFuture(collect_fn=DataProto.concat, futures=list(data))
+
+    def chunk(self, chunks: int) -> list[DataProtoFuture]:
+        """``chunks`` futures; future ``i`` materializes to ``self.get().chunk(chunks)[i]``."""
+        return [
+            DataProtoFuture(
+                collect_fn=self.collect_fn,
+                futures=self.futures,
+                dispatch_fn=_ChunkSelector(chunks, i, self.dispatch_fn),
+            )
+            for i in range(chunks)
+        ]
+
+    def get(self) -> DataProto:
+        """Fetch, join and select."""
+        import ray
+
+        output = self.collect_fn(ray.get(self.futures))
+        if self.dispatch_fn is not None:
+            output = self.dispatch_fn(output)
+        return output
 
 
-def unpad_dataproto(data: DataProto, pad_size: int) -> DataProto:
-    """Drop the last ``pad_size`` rows added by :func:`pad_dataproto_to_divisor`."""
-    return data[:-pad_size] if pad_size else data
+@dataclass(frozen=True)
+class _ChunkSelector:
+    """Picklable ``lambda x: x.chunk(chunks)[index]`` (after an optional earlier selection)."""
 
+    chunks: int
+    index: int
+    previous: Callable | None = None
 
-# Futures, batch-shape and collective helpers live in their own module; veRL's users import them from here.
-from verl.protocol_ops import (  # noqa: E402
-    DataProtoFuture,
-    all_gather_data_proto,
-    collate_fn,
-    deserialize_single_tensor,
-    deserialize_tensordict,
-    fold_batch_dim,
-    list_of_dict_to_dict_of_list,
-    numpy_dict_to_tensor_dict,
-    serialize_single_tensor,
-    serialize_tensordict,
-    unfold_batch_dim,
-)
+    def __call__(self, data: DataProto) -> DataProto:
+        if self.previous is not None:
+            data = self.previous(data)
+        return data.chunk(self.chunks)[self.index]

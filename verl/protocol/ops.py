@@ -1,22 +1,20 @@
-"""Futures, batch-shape and collective helpers over `DataProto` (re-exported from ``verl.protocol``, veRL's import
-path): `DataProtoFuture`, folding the batch dimension, collating single rows, all-gathering across a process group,
-and veRL's tensor / TensorDict serialization into ``(dtype, shape, uint8 numpy buffer)`` tuples."""
+"""Helpers over `DataProto`: padding to a divisor, folding the batch dimension, collating single rows, all-gathering
+across a process group, and veRL's tensor / TensorDict serialization into ``(dtype, shape, uint8 numpy buffer)``
+tuples. Re-exported from :mod:`verl.protocol` (veRL's import path)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from tensordict import TensorDict
 
-from verl.protocol import DataProto, DataProtoItem
+from verl.protocol.core import DataProto, DataProtoItem
 from verl.utils.tensordict_utils import as_object_array
 
 __all__ = [
-    "DataProtoFuture",
     "all_gather_data_proto",
     "collate_fn",
     "deserialize_single_tensor",
@@ -24,10 +22,38 @@ __all__ = [
     "fold_batch_dim",
     "list_of_dict_to_dict_of_list",
     "numpy_dict_to_tensor_dict",
+    "pad_dataproto_to_divisor",
     "serialize_single_tensor",
     "serialize_tensordict",
     "unfold_batch_dim",
+    "unpad_dataproto",
 ]
+
+
+def pad_dataproto_to_divisor(data: DataProto, size_divisor: int) -> tuple[DataProto, int]:
+    """Pad ``data`` with copies of its first rows until its length divides ``size_divisor``.
+
+    Returns:
+        ``(padded, pad_size)``; ``unpad_dataproto(padded, pad_size)`` recovers ``data``.
+    """
+    if size_divisor <= 0:
+        raise ValueError(f"size_divisor must be positive, got {size_divisor}")
+    if len(data) % size_divisor == 0:
+        return data, 0
+    if len(data) == 0:
+        raise ValueError("cannot pad an empty DataProto")
+    pad_size = size_divisor - len(data) % size_divisor
+    pieces, remaining = [data], pad_size
+    while remaining > 0:
+        take = min(remaining, len(data))
+        pieces.append(data[:take])
+        remaining -= take
+    return DataProto.concat(pieces), pad_size
+
+
+def unpad_dataproto(data: DataProto, pad_size: int) -> DataProto:
+    """Drop the last ``pad_size`` rows added by :func:`pad_dataproto_to_divisor`."""
+    return data[:-pad_size] if pad_size else data
 
 
 def fold_batch_dim(data: DataProto, new_batch_size: int) -> DataProto:
@@ -88,57 +114,6 @@ def all_gather_data_proto(data: DataProto, process_group=None) -> None:
     objects: list[Any] = [None] * world
     dist.all_gather_object(objects, data.non_tensor_batch, group=process_group)
     data.non_tensor_batch = {k: np.concatenate([o[k] for o in objects]) for k in data.non_tensor_batch}
-
-
-@dataclass
-class DataProtoFuture:
-    """A not-yet-materialized DataProto made of Ray object refs (output of one worker group, input of another).
-
-    ``get()`` fetches the refs, joins them with ``collect_fn`` and applies ``dispatch_fn`` (e.g. take chunk ``i``).
-    """
-
-    collect_fn: Callable
-    futures: list
-    dispatch_fn: Callable | None = None
-
-    @staticmethod
-    def concat(data: list) -> DataProtoFuture:
-        """A future that concatenates the DataProtos behind ``data`` (a list of Ray ObjectRefs)."""
-        return DataProtoFuture(collect_fn=DataProto.concat, futures=list(data))
-
-    def chunk(self, chunks: int) -> list[DataProtoFuture]:
-        """``chunks`` futures; future ``i`` materializes to ``self.get().chunk(chunks)[i]``."""
-        return [
-            DataProtoFuture(
-                collect_fn=self.collect_fn,
-                futures=self.futures,
-                dispatch_fn=_ChunkSelector(chunks, i, self.dispatch_fn),
-            )
-            for i in range(chunks)
-        ]
-
-    def get(self) -> DataProto:
-        """Fetch, join and select."""
-        import ray
-
-        output = self.collect_fn(ray.get(self.futures))
-        if self.dispatch_fn is not None:
-            output = self.dispatch_fn(output)
-        return output
-
-
-@dataclass(frozen=True)
-class _ChunkSelector:
-    """Picklable ``lambda x: x.chunk(chunks)[index]`` (after an optional earlier selection)."""
-
-    chunks: int
-    index: int
-    previous: Callable | None = None
-
-    def __call__(self, data: DataProto) -> DataProto:
-        if self.previous is not None:
-            data = self.previous(data)
-        return data.chunk(self.chunks)[self.index]
 
 
 def list_of_dict_to_dict_of_list(list_of_dict: Sequence[Mapping[str, Any]]) -> dict[str, list]:

@@ -1,0 +1,52 @@
+"""`DataProto`: the batch that moves between the driver and the workers.
+
+A `DataProto` holds three things that always stay row-aligned:
+
+- ``batch``: a ``TensorDict`` whose first dimension is the batch (``input_ids``, ``attention_mask``, ...);
+- ``non_tensor_batch``: a dict of 1-D numpy object arrays, one entry per row (``uid``, ``data_source``, ...);
+- ``meta_info``: a plain dict of per-batch values (``temperature``, ``metrics`` returned by workers, ...).
+
+Every operation (indexing, chunk, concat, repeat, union, ...) applies the same row selection to tensors and
+non-tensors. The public names and semantics follow veRL's ``verl.protocol``: the types live in
+:mod:`verl.protocol.core`, the helpers over them in :mod:`verl.protocol.ops` (which imports ``core``; ``core``
+never imports ``ops``), and this package re-exports both. A pickle naming ``verl.protocol.DataProto`` (written before
+the split) still loads: the name resolves to the same class.
+"""
+
+from verl.protocol.core import DataProto, DataProtoConfig, DataProtoFuture, DataProtoItem
+from verl.protocol.ops import (
+    all_gather_data_proto,
+    collate_fn,
+    deserialize_single_tensor,
+    deserialize_tensordict,
+    fold_batch_dim,
+    list_of_dict_to_dict_of_list,
+    numpy_dict_to_tensor_dict,
+    pad_dataproto_to_divisor,
+    serialize_single_tensor,
+    serialize_tensordict,
+    unfold_batch_dim,
+    unpad_dataproto,
+)
+from verl.utils.tensordict_utils import union_numpy_dict, union_tensor_dict
+
+__all__ = [
+    "DataProto",
+    "DataProtoConfig",
+    "DataProtoFuture",
+    "DataProtoItem",
+    "all_gather_data_proto",
+    "collate_fn",
+    "deserialize_single_tensor",
+    "deserialize_tensordict",
+    "fold_batch_dim",
+    "list_of_dict_to_dict_of_list",
+    "numpy_dict_to_tensor_dict",
+    "pad_dataproto_to_divisor",
+    "serialize_single_tensor",
+    "serialize_tensordict",
+    "unfold_batch_dim",
+    "union_numpy_dict",
+    "union_tensor_dict",
+    "unpad_dataproto",
+]
