@@ -189,6 +189,7 @@ def test_gae_with_a_kl_loss_trains_its_critic_and_moves_away_from_the_reference(
     for key, values in series.items():  # the file logger writes NaN as the string "nan": floats, and finite
         assert all(isinstance(v, float) and math.isfinite(v) for v in values), (key, values)
     vf_loss = series["critic/vf_loss"]
+    assert all(v > 0 for v in vf_loss), vf_loss  # half a squared error
     assert max(vf_loss[2:]) < vf_loss[0], vf_loss  # the critic learns the returns (measured: 0.024 -> 0.005, 0.009)
     kl_loss = series["actor/kl_loss"]
     assert kl_loss[0] == pytest.approx(0.0, abs=1e-7), kl_loss  # step 1's single update starts at the reference
