@@ -276,6 +276,7 @@ NAME_USED_ELSEWHERE: frozenset[str] = frozenset(
         "reward_model.forward_max_token_len_per_gpu",
         "reward_model.model.override_config",
         "reward_model.model.use_remove_padding",
+        "reward_model.max_length",  # the SFT datasets read their own data.max_length
     }
 )
 

@@ -1,5 +1,6 @@
-"""RL prompt datasets (veRL's parquet schema), collation and resumable dataloaders."""
+"""RL prompt datasets (veRL's parquet schema), SFT datasets, collation and resumable dataloaders."""
 
+from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
 from verl.utils.dataset.rl_dataset import (
     RLHFDataset,
     collate_fn,
@@ -8,9 +9,12 @@ from verl.utils.dataset.rl_dataset import (
     create_rl_sampler,
     dataloader_seed,
 )
+from verl.utils.dataset.sft_dataset import SFTDataset
 
 __all__ = [
+    "MultiTurnSFTDataset",
     "RLHFDataset",
+    "SFTDataset",
     "collate_fn",
     "create_dataloader",
     "create_rl_dataset",
