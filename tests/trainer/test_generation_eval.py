@@ -56,13 +56,15 @@ GENERATION_RUNS = {
 }
 
 
-def start_cli(module: str, cwd: Path, *overrides: str) -> subprocess.Popen:
+def start_cli(module: str, cwd: Path, *overrides: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``python -m <module> <overrides>`` in ``cwd``, with ``env`` added to the environment."""
     env = dict(
         os.environ,
         RAY_AUTH_MODE="disabled",
         HF_HUB_OFFLINE="1",
         TOKENIZERS_PARALLELISM="false",
         HYDRA_FULL_ERROR="1",
+        **(env or {}),
     )
     cwd.mkdir(parents=True, exist_ok=True)
     args = [sys.executable, "-m", module, f"hydra.run.dir={cwd / 'hydra'}", *overrides]

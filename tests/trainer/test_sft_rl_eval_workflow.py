@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-TIMEOUT_S = 600
+from tests.trainer.test_generation_eval import finish, start_cli
+
 VAL_PROMPTS = 32
 RESPONSE_LENGTH = 8
 SFT_STEPS = 20
@@ -29,30 +28,7 @@ RL_STEPS = 2
 
 def start(module: str, cwd: Path, *overrides: str, log: Path | None = None) -> subprocess.Popen:
     """``python -m <module> <overrides>`` in ``cwd`` (the file logger into ``log``)."""
-    env = dict(
-        os.environ,
-        RAY_AUTH_MODE="disabled",
-        HF_HUB_OFFLINE="1",
-        TOKENIZERS_PARALLELISM="false",
-        HYDRA_FULL_ERROR="1",
-        VERL_CACHE_DIR=str(cwd.parent / "verl_cache"),
-    )
-    if log is not None:
-        env["VERL_FILE_LOGGER_PATH"] = str(log)
-    cwd.mkdir(parents=True, exist_ok=True)
-    args = [sys.executable, "-m", module, f"hydra.run.dir={cwd / 'hydra'}", *overrides]
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd)
-
-
-def finish(proc: subprocess.Popen) -> str:
-    """The process's output, once it exited 0."""
-    try:
-        output, _ = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        output, _ = proc.communicate()
-    assert proc.returncode == 0, f"{proc.args[:3]}:\n{output[-6000:]}"
-    return output
+    return start_cli(module, cwd, *overrides, env={"VERL_FILE_LOGGER_PATH": str(log)} if log else None)
 
 
 def generate(work: Path, name: str, model: str, prompts: Path) -> tuple[subprocess.Popen, Path]:

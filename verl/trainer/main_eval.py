@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
@@ -43,7 +44,6 @@ __all__ = [
     "evaluation_schema",
     "load_eval_data",
     "main",
-    "report_metrics",
     "run_eval",
     "score_responses",
     "validate_eval_config",
@@ -201,16 +201,14 @@ def run_eval(config: DictConfig) -> dict[str, float]:
     return compute_metrics(frame[config.data.data_source_key].tolist(), scores)
 
 
-def report_metrics(metrics: dict[str, float]) -> None:
-    """Log the metrics, and print them as one dict on stdout as veRL's main_eval does (the command's result)."""
-    logger.info("evaluation: %s", metrics)
-    print(metrics, flush=True)
-
-
 @hydra.main(config_path="config", config_name="evaluation", version_base=None)
 def main(config: DictConfig) -> None:
-    """The command-line entry point."""
-    report_metrics(run_eval(config))
+    """The command-line entry point: logs the metrics and writes them as one dict on stdout, the command's result
+    (as veRL's main_eval prints it)."""
+    metrics = run_eval(config)
+    logger.info("evaluation: %s", metrics)
+    sys.stdout.write(f"{metrics}\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":
