@@ -199,9 +199,12 @@ class ActorRolloutRefWorker(ProfiledWorker):
             raise RuntimeError(f"update_weights needs the actor and the rollout in one worker, role is {self.role!r}")
         self.rollout.wake_up(["weights"])
         bucket = self.rollout_config.checkpoint_engine.update_weights_bucket_megabytes * 2**20
-        stats = self.checkpoint_engine.send_weights(
-            self.actor_engine.iter_full_state_dict(bucket_bytes=bucket), self.rollout, verify=self.verify_weight_sync
-        )
+        with self.rollout.weight_update():  # all buckets are one weight load: one new version
+            stats = self.checkpoint_engine.send_weights(
+                self.actor_engine.iter_full_state_dict(bucket_bytes=bucket),
+                self.rollout,
+                verify=self.verify_weight_sync,
+            )
         self.rollout.wake_up(["kv_cache"])
         self._rollout_asleep = False
         return {f"weight_sync/{k}": v for k, v in stats.items()}

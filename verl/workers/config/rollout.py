@@ -268,9 +268,10 @@ class RolloutConfig(BaseConfig):
         pipeline_model_parallel_size: engine pipeline-parallel size.
         max_num_batched_tokens: tokens per engine step (vLLM / SGLang).
         max_model_len: engine context length (None: prompt_length + response_length).
-        max_num_seqs: sequences per engine step (vLLM / SGLang).
-        enable_chunked_prefill: vLLM chunked prefill.
-        enable_prefix_caching: vLLM / SGLang prefix caching.
+        max_num_seqs: requests running at once in an engine (continuous batching; the rest wait for a slot).
+        enable_chunked_prefill: vLLM chunked prefill (CUDA; always off on CPU, where vLLM cannot rewind a seeded
+            request's generator after a partial prefill).
+        enable_prefix_caching: vLLM / SGLang prefix caching (reset at every weight load).
         load_format: how the engine initializes its weights before the first sync ("dummy": random).
         logprobs_mode: which log-probs vLLM returns ("processed_logprobs": after temperature).
         scheduling_policy: vLLM request scheduling ("fcfs" or "priority").

@@ -1,7 +1,9 @@
 """The rollout contract every engine implements, and the registry that picks one by ``rollout.name``.
 
-An engine lives in the training worker's process (hybrid engine): it generates from a ``DataProto`` of left-padded
-prompts, sleeps while the trainer trains (freeing its weights and KV cache where the backend can), and wakes to
+An engine serves requests (``async generate(request_id, *, prompt_ids, sampling_params)``, continuous batching,
+abort and resume, weight versions: :mod:`verl.workers.rollout.serving`); the batch ``generate_sequences`` of a
+``DataProto`` of left-padded prompts is a thin layer over it. In the hybrid engine it lives in the training worker's
+process: it sleeps while the trainer trains (freeing its weights and KV cache where the backend can) and wakes to
 receive the trainer's new weights.
 
 Engines register with :func:`register_rollout`. The built-in ones are imported only when asked for, so importing
@@ -21,7 +23,6 @@ from typing import Any, ClassVar
 import torch
 
 from verl.base_config import omega_conf_to_dataclass
-from verl.protocol import DataProto
 from verl.workers.config.rollout import RolloutConfig
 from verl.workers.rollout.registry import (
     _BUILTIN_ROLLOUTS,
@@ -29,6 +30,7 @@ from verl.workers.rollout.registry import (
     registered_rollouts,
     rollout_unavailable_reason,
 )
+from verl.workers.rollout.serving import RequestServing
 
 __all__ = [
     "WAKE_UP_TAGS",
@@ -43,8 +45,11 @@ __all__ = [
 WAKE_UP_TAGS = ("weights", "kv_cache")
 
 
-class BaseRollout(abc.ABC):
-    """A rollout engine: generates responses and exchanges weights with the trainer.
+class BaseRollout(RequestServing, abc.ABC):
+    """A rollout engine: serves generation requests and exchanges weights with the trainer.
+
+    Subclasses implement the weight and memory methods below and the request hooks of
+    :class:`~verl.workers.rollout.serving.RequestServing` (admit, step, release), and call ``_init_serving``.
 
     Args:
         config: the ``actor_rollout_ref.rollout`` config (a :class:`RolloutConfig`, or a mapping converted to one).
@@ -68,14 +73,6 @@ class BaseRollout(abc.ABC):
         self.device = torch.device(device)
 
     @abc.abstractmethod
-    def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Generate responses for left-padded prompts (``input_ids``, ``attention_mask``, ``position_ids``).
-
-        Returns ``n`` samples per row (rows repeated interleaved) with ``prompts``, ``responses``, ``input_ids``,
-        ``attention_mask``, ``position_ids``, ``response_mask`` and ``rollout_log_probs``.
-        """
-
-    @abc.abstractmethod
     def sleep(self) -> None:
         """Release the weights and the KV cache (idempotent; a no-op for engines without ``supports_sleep``)."""
 
@@ -88,7 +85,11 @@ class BaseRollout(abc.ABC):
 
     @abc.abstractmethod
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load weights given by their Hugging Face state-dict names, cast to the engine's dtype."""
+        """Load weights given by their Hugging Face state-dict names, cast to the engine's dtype.
+
+        Implementations run inside :meth:`weight_update`: one call is one weight load (a new version) unless the
+        caller holds a ``weight_update()`` around several.
+        """
 
     @abc.abstractmethod
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:

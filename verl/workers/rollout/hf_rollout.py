@@ -1,11 +1,11 @@
 """``HFRollout``: the torch rollout engine over a transformers causal LM (runs on CPU and GPU alike).
 
-The decode loop is ours: one prefill of the prompts, the KV cache repeated ``n`` times (one copy per sample), then one
-incremental forward per new token, dropping finished rows from the batch as they accumulate. Sampling draws no
-process-global randomness: each sample owns a ``torch.Generator`` seeded from (seed, step, prompt index, sample
-index); its ``response_length`` uniforms are drawn up front, and each step inverts the CDF of the filtered
-distribution at that step's uniform (vectorized over the batch). The same prompt, seed and step therefore give the
-same response wherever and whenever they run.
+It serves requests with continuous batching (:mod:`verl.workers.rollout.hf_batch`: requests join and leave the
+running batch between decode steps, sharing one KV cache) behind the request API of
+:mod:`verl.workers.rollout.serving`. Sampling draws no process-global randomness: each request owns a
+``torch.Generator`` seeded from its seed (for ``generate_sequences``: seed, step, prompt index, sample index), and
+each step inverts the CDF of the filtered distribution at that request's next uniform. The same prompt, seed and
+step therefore give the same response wherever, whenever and beside whatever they run.
 """
 
 from __future__ import annotations
@@ -20,30 +20,15 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from verl.protocol import DataProto
 from verl.workers.config.rollout import RolloutConfig
 from verl.workers.rollout.base import BaseRollout, register_rollout
-from verl.workers.rollout.request import (
-    TORCH_DTYPES,
-    as_id_list,
-    assemble_output,
-    plan_generation,
-    sample_seed,
-)
+from verl.workers.rollout.hf_batch import RunningBatch
+from verl.workers.rollout.request import TORCH_DTYPES, as_id_list, sample_seed
+from verl.workers.rollout.serving import RequestState, SamplingSpec
 
 __all__ = ["HFRollout", "sample_seed", "sample_tokens"]
 
 logger = logging.getLogger(__name__)
-
-
-def _draw_uniforms(seeds: Iterable[int], length: int) -> torch.Tensor:
-    """``length`` float64 uniforms in [0, 1) per seed, each row from its own generator. Shape: (len(seeds), length)."""
-    rows = []
-    generator = torch.Generator(device="cpu")
-    for seed in seeds:
-        generator.manual_seed(seed)
-        rows.append(torch.rand(length, generator=generator, dtype=torch.float64))
-    return torch.stack(rows) if rows else torch.empty(0, length, dtype=torch.float64)
 
 
 def sample_tokens(
@@ -134,22 +119,30 @@ class HFRollout(BaseRollout):
         self._default_eos = as_id_list(eos if eos is not None else getattr(self.model.config, "eos_token_id", None))
         pad = getattr(generation, "pad_token_id", None)
         self._default_pad = pad if pad is not None else getattr(self.model.config, "pad_token_id", None)
+        self._vocab_size = self.model.get_input_embeddings().num_embeddings
+        self._batch = RunningBatch(self.model, self._cache_kwarg, sample_tokens, self.device)
+        cfg = self.config
+        self._init_serving(cfg.max_num_seqs, cfg.max_model_len or cfg.prompt_length + cfg.response_length)
         logger.info("HFRollout: %s on %s (%s)", self.model_path, self.device, self.dtype)
 
     # ------------------------------------------------------------------ memory and weights
     def memory_bytes(self) -> int:
-        """Bytes of the distinct storages behind the model's parameters and buffers (the KV cache lives only
-        inside ``generate_sequences``)."""
+        """Bytes of the distinct storages behind the model's parameters and buffers, plus the running batch's KV
+        cache (which exists only while requests run)."""
         storages: dict[int, int] = {}
         for tensor in [*self.model.parameters(), *self.model.buffers()]:
             storage = tensor.untyped_storage()
             if storage.nbytes():
                 storages[storage.data_ptr()] = storage.nbytes()
-        return sum(storages.values())
+        return sum(storages.values()) + self._batch.nbytes()
 
     def sleep(self) -> None:
         """Drop the weights (parameters and persistent buffers become empty tensors; the module structure and
-        non-persistent buffers such as rotary frequencies stay). Idempotent."""
+        non-persistent buffers such as rotary frequencies stay). Idempotent; refused while requests are in flight."""
+        if self.num_requests():
+            raise RuntimeError(
+                f"HFRollout.sleep: {self.num_requests()} request(s) in flight; abort or finish them first"
+            )
         if self._awake["weights"]:
             for _, tensor, _ in self._unique.values():
                 tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
@@ -174,7 +167,7 @@ class HFRollout(BaseRollout):
         """Copy weights in, by Hugging Face state-dict name, cast to the engine's dtype and device."""
         if not self._awake["weights"]:
             raise RuntimeError("HFRollout.update_weights: the weights are asleep; call wake_up(['weights']) first")
-        with torch.no_grad():
+        with self.weight_update(), torch.no_grad():
             for name, value in named_tensors:
                 target = self._named.get(name)
                 if target is None:
@@ -203,118 +196,26 @@ class HFRollout(BaseRollout):
         asleep = [tag for tag, awake in self._awake.items() if not awake]
         if asleep:
             raise RuntimeError(
-                f"HFRollout is asleep ({', '.join(asleep)}); call wake_up() and update_weights() before "
-                f"generate_sequences"
+                f"HFRollout is asleep ({', '.join(asleep)}); call wake_up() and update_weights() before generating"
             )
         if self._unfilled:
             missing = sorted(self._unfilled)
             raise RuntimeError(
                 f"HFRollout: {len(missing)} weight(s) were woken but never loaded (e.g. {missing[:3]}); call "
-                f"update_weights() with the trainer's weights before generate_sequences"
+                f"update_weights() with the trainer's weights before generating"
             )
 
-    def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Generate ``n`` responses per prompt row; see :class:`BaseRollout` for the keys and
-        :func:`~verl.workers.rollout.request.plan_generation` for the meta keys and per-row tensors read."""
-        self._check_ready()
-        plan = plan_generation(
-            prompts,
-            self.config,
-            self._default_eos,
-            self._default_pad,
-            vocab_size=self.model.get_input_embeddings().num_embeddings,
-        )
-        uniforms = None if plan.seeds is None else _draw_uniforms(plan.seeds, plan.response_length).to(self.device)
-        if plan.rows:
-            responses, log_probs, lengths = self._decode(
-                plan.input_ids.to(self.device),
-                plan.prompt_mask.to(self.device),
-                plan.position_ids.to(self.device),
-                plan.n,
-                uniforms,
-                plan.params,
-                plan.eos_ids,
-                plan.pad,
+    def _check_request(self, request_id: str, spec: SamplingSpec) -> None:
+        if spec.repetition_penalty != 1.0:
+            raise ValueError(
+                f"generate({request_id!r}): the hf engine has no repetition_penalty (got {spec.repetition_penalty})"
             )
-        else:
-            responses, log_probs, lengths = plan.empty_outputs()
-        return assemble_output(prompts, plan, responses, log_probs, lengths)
 
-    @torch.no_grad()
-    def _decode(
-        self,
-        input_ids: torch.Tensor,
-        prompt_mask: torch.Tensor,
-        position_ids: torch.Tensor,
-        n: int,
-        uniforms: torch.Tensor | None,
-        params: Any,
-        eos_ids: list[int],
-        pad: int,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The decode loop. Returns responses (S, R), log-probs (S, R) and response lengths (S,), S = rows · n."""
-        from transformers import DynamicCache
+    def _serve_admit(self, requests: list[RequestState]) -> None:
+        self._batch.admit(requests)
 
-        rows, resp_len = input_ids.shape[0], self.config.response_length
-        samples = rows * n
-        try:
-            cache = DynamicCache(config=self.model.config)
-        except TypeError:  # older transformers
-            cache = DynamicCache()
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=prompt_mask,
-            position_ids=position_ids,
-            use_cache=True,
-            logits_to_keep=1,
-            **{self._cache_kwarg: cache},
-        )
-        logits = out.logits[:, -1, :].repeat_interleave(n, dim=0)
-        if n > 1:
-            cache.batch_repeat_interleave(n)
-        prompt_len = prompt_mask.shape[1]
-        # the attention mask of the whole sequence; step t attends to its first prompt_len + t + 1 columns
-        mask = torch.cat([prompt_mask.repeat_interleave(n, dim=0), prompt_mask.new_ones(samples, resp_len)], dim=-1)
-        next_pos = position_ids[:, -1].repeat_interleave(n, dim=0) + 1
-        eos = torch.tensor(eos_ids, device=self.device, dtype=torch.long)
-        responses = torch.full((samples, resp_len), pad, dtype=torch.long, device=self.device)
-        log_probs = torch.zeros(samples, resp_len, device=self.device)
-        lengths = torch.full((samples,), resp_len, dtype=torch.long, device=self.device)
-        active = torch.arange(samples, device=self.device)  # rows of the output the model batch holds
-        done = torch.zeros(samples, dtype=torch.bool, device=self.device)  # per model-batch row
-        top_k, top_p, temperature = params.top_k, params.top_p, params.temperature
-        for t in range(resp_len):
-            u = uniforms[active, t] if uniforms is not None else None
-            tokens, token_lp = sample_tokens(logits, u, temperature, top_k, top_p)
-            keep = ~done
-            responses[active[keep], t] = tokens[keep]
-            log_probs[active[keep], t] = token_lp[keep]
-            if t == resp_len - 1:
-                break
-            if not self.config.ignore_eos:
-                hit = keep & torch.isin(tokens, eos)
-                lengths[active[hit]] = t + 1
-                done |= hit
-                finished = int(done.sum())
-                if finished == len(active):
-                    break
-                if finished and finished * 4 >= len(active):  # drop finished rows once they are a quarter
-                    stay = (~done).nonzero().squeeze(-1)
-                    cache.batch_select_indices(stay)
-                    active, mask, next_pos, tokens, done = (
-                        active[stay],
-                        mask[stay],
-                        next_pos[stay],
-                        tokens[stay],
-                        done[stay],
-                    )
-            out = self.model(
-                input_ids=tokens[:, None],
-                attention_mask=mask[:, : prompt_len + t + 1],
-                position_ids=next_pos[:, None],
-                use_cache=True,
-                **{self._cache_kwarg: cache},
-            )
-            logits = out.logits[:, -1, :]
-            next_pos = next_pos + 1
-        return responses, log_probs, lengths
+    def _serve_step(self) -> list[tuple[RequestState, list[int], list[float], str | None]]:
+        return self._batch.step()
+
+    def _serve_release(self, requests: list[RequestState]) -> None:
+        self._batch.release(requests)

@@ -6,12 +6,28 @@ creates its groups collectively); each rank runs its own engine (tensor parallel
 prompts. Weights come from the trainer through ``update_weights`` (``reload_weights`` in place; no disk round trip),
 so the engine may start from ``load_format="dummy"``.
 
+Requests. The engine serves the request API of :mod:`verl.workers.rollout.serving` (``generate`` / ``submit`` /
+``abort`` / resume; ``generate_sequences`` is the thin batch layer over it): the engine thread drives vLLM v1's
+in-process ``LLMEngine`` (``add_request`` / ``step`` / ``abort_request``; :mod:`.vllm_requests`), so continuous
+batching, KV blocks and the prefix cache are vLLM's. A weight load resets the prefix cache (vLLM's running requests
+are preempted first, since it refuses to reset while blocks are held) and re-adds the running requests, whose KV is
+then recomputed under the new weights. Stopping is exactly the request's ``stop_token_ids`` (none with
+``ignore_eos``), as in the hf engine.
+
 Sampling follows the rollout contract: one request per sample, seeded from (seed, step, prompt index, sample index),
-log-probs of the sampled tokens returned as ``rollout_log_probs`` (vLLM's ``processed_logprobs``: temperature-scaled,
-which is what the trainer recomputes when top-k / top-p are off).
+log-probs of the sampled tokens returned (vLLM's ``processed_logprobs``: temperature-scaled, which is what the
+trainer recomputes when top-k / top-p are off). A resumed or preempted seeded request continues its random stream
+where it stopped (its generator is advanced past the draws of the tokens it already has, see :mod:`.vllm_requests`),
+so aborting and resuming gives the tokens of an uninterrupted run (verified on CPU; on CUDA the draws are replayed
+as read from vLLM 0.32's sampler, untested here). On CPU a seeded request's tokens do not depend on what runs beside
+it nor on when it joined the batch (its log-probs differ by at most a few float32 ulps, ~5e-7 measured).
 
 On CPU, vLLM cannot sleep (its sleep mode needs CUDA): ``sleep`` / ``wake_up`` are no-ops there and memory is bounded
-by the KV-cache size instead (``rollout.engine_kwargs.vllm.kv_cache_memory_bytes``, default 64 MiB on CPU).
+by the KV-cache size instead (``rollout.engine_kwargs.vllm.kv_cache_memory_bytes``, default 64 MiB on CPU). Its KV
+block size is 128 tokens there: prefixes are cached (and reused) in whole blocks only. Chunked prefill is off on CPU
+(vLLM's rewind of a seeded generator after a partial prefill fails there), so ``max_num_batched_tokens`` is at least
+``max_model_len``. vLLM's CPU sampler also draws from torch's global RNG on every sampled step (noise for unseeded
+rows), from the engine thread.
 
 Starting an engine changes process-global state: it reseeds the global RNGs, lowers and then freezes the torch thread
 count (replacing ``torch.set_num_threads`` with a no-op). All of it is restored after start-up so the trainer stays
@@ -31,11 +47,12 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
-from verl.protocol import DataProto
 from verl.utils.rng import get_rng_state, set_rng_state
 from verl.workers.config.rollout import RolloutConfig
 from verl.workers.rollout.base import BaseRollout, register_rollout
-from verl.workers.rollout.request import as_id_list, assemble_output, plan_generation
+from verl.workers.rollout.request import as_id_list
+from verl.workers.rollout.serving import RequestState
+from verl.workers.rollout.vllm_rollout.vllm_requests import EngineRequests
 
 __all__ = ["vLLMRollout"]
 
@@ -120,7 +137,8 @@ def _unfuse(name: str, tensor: torch.Tensor, hf_config: Any) -> list[tuple[str, 
 
 @register_rollout("vllm")
 class vLLMRollout(BaseRollout):  # noqa: N801 - veRL's public name
-    """vLLM in the worker process. See the module docstring for the layout and the CPU caveats.
+    """vLLM in the worker process, serving requests through its in-process ``LLMEngine``. See the module
+    docstring for the layout, the resume semantics and the CPU caveats.
 
     Args:
         config: the rollout config. ``engine_kwargs["vllm"]`` is passed to ``vllm.LLM`` and wins over the values
@@ -147,10 +165,11 @@ class vLLMRollout(BaseRollout):  # noqa: N801 - veRL's public name
         on_cuda = self.device.type == "cuda"
         self.supports_sleep = on_cuda
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        max_model_len = cfg.max_model_len or cfg.prompt_length + cfg.response_length
         engine_kwargs: dict[str, Any] = {
             "model": self.model_path,
             "dtype": cfg.dtype,
-            "max_model_len": cfg.max_model_len or cfg.prompt_length + cfg.response_length,
+            "max_model_len": max_model_len,
             "enforce_eager": cfg.enforce_eager or not on_cuda,
             "seed": cfg.seed,
             "load_format": cfg.load_format,
@@ -158,6 +177,7 @@ class vLLMRollout(BaseRollout):  # noqa: N801 - veRL's public name
             "max_num_seqs": cfg.max_num_seqs,
             "max_num_batched_tokens": max(cfg.max_num_batched_tokens, cfg.prompt_length + cfg.response_length),
             "enable_prefix_caching": cfg.enable_prefix_caching,
+            "enable_chunked_prefill": cfg.enable_chunked_prefill,
             "logprobs_mode": cfg.logprobs_mode or "processed_logprobs",
             "trust_remote_code": bool(kwargs.get("trust_remote_code", False)),
             "skip_tokenizer_init": cfg.skip_tokenizer_init,  # token ids in and out: no tokenizer needed
@@ -166,6 +186,10 @@ class vLLMRollout(BaseRollout):  # noqa: N801 - veRL's public name
             engine_kwargs.update(gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=True)
         else:
             engine_kwargs["kv_cache_memory_bytes"] = DEFAULT_CPU_KV_CACHE_BYTES
+            # vLLM's CPU model runner rewinds a seeded request's generator after a partial (chunked) prefill by an
+            # offset the CPU generator does not have: with chunking on, such a step fails. Whole prefills only.
+            engine_kwargs["enable_chunked_prefill"] = False
+            engine_kwargs["max_num_batched_tokens"] = max(engine_kwargs["max_num_batched_tokens"], max_model_len)
         if dist.is_available() and dist.is_initialized():
             engine_kwargs["distributed_executor_backend"] = "external_launcher"
             # the external launcher reads the rank layout from the environment (a worker group sets it)
@@ -191,11 +215,16 @@ class vLLMRollout(BaseRollout):  # noqa: N801 - veRL's public name
         self._default_pad = getattr(self.hf_config, "pad_token_id", None)
         self._vocab_size = self.hf_config.vocab_size
         self._asleep = False
+        self._requests = EngineRequests(self.llm.llm_engine, self._runner())
+        self._init_serving(cfg.max_num_seqs, self.llm.llm_engine.model_config.max_model_len)
         logger.info("vLLMRollout: %s on %s (%s)", model_path, self.device, cfg.dtype)
 
     # ------------------------------------------------------------------ weights and memory
+    def _runner(self) -> Any:
+        return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner
+
     def _model(self) -> torch.nn.Module:
-        return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
+        return self._runner().model
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load Hugging Face-named tensors into the engine in place (vLLM fuses and casts them itself).
@@ -203,19 +232,24 @@ class vLLMRollout(BaseRollout):  # noqa: N801 - veRL's public name
         vLLM reloads a decoder layer as a whole (its fused projections are rebuilt from all their parts), so
         tensors of a layer whose parts have not all arrived yet are held back until a later call completes it:
         the checkpoint engine may cut its buckets anywhere.
+
+        Runs inside :meth:`weight_update` (one call is one weight load unless the caller holds one around several):
+        the engine stands still meanwhile, and afterwards vLLM's prefix cache is reset and the running requests are
+        preempted (recomputed under the new weights).
         """
-        for name, tensor in named_tensors:
-            if hasattr(tensor, "full_tensor"):
-                tensor = tensor.full_tensor()
-            self._pending[_layer_of(name)][name] = tensor.detach()
-        ready = []
-        for layer in list(self._pending):
-            parts = self._pending[layer]
-            if set(parts) >= self._expected.get(layer, set(parts)):
-                ready.extend(parts.items())
-                del self._pending[layer]
-        if ready:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": ready})
+        with self.weight_update():
+            for name, tensor in named_tensors:
+                if hasattr(tensor, "full_tensor"):
+                    tensor = tensor.full_tensor()
+                self._pending[_layer_of(name)][name] = tensor.detach()
+            ready = []
+            for layer in list(self._pending):
+                parts = self._pending[layer]
+                if set(parts) >= self._expected.get(layer, set(parts)):
+                    ready.extend(parts.items())
+                    del self._pending[layer]
+            if ready:
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": ready})
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The engine's weights under Hugging Face names (fused projections split back)."""
@@ -233,58 +267,41 @@ class vLLMRollout(BaseRollout):  # noqa: N801 - veRL's public name
         return 0 if self._asleep else int(weights + kv)
 
     def sleep(self) -> None:
-        """Free weights and KV cache (CUDA); a documented no-op on CPU, where vLLM has no sleep mode."""
-        if self.supports_sleep and not self._asleep:
-            self.llm.sleep(level=1)
-            self._asleep = True
+        """Free weights and KV cache (CUDA); a documented no-op on CPU, where vLLM has no sleep mode. Refused while
+        requests are in flight."""
+        self._refuse_in_flight()  # at once, without waiting for the engine thread's step
+        with self._engine_turn():
+            self._refuse_in_flight()
+            if self.supports_sleep and not self._asleep:
+                self.llm.sleep(level=1)
+                self._asleep = True
+
+    def _refuse_in_flight(self) -> None:
+        if self.num_requests():
+            raise RuntimeError(
+                f"vLLMRollout.sleep: {self.num_requests()} request(s) in flight; abort or finish them first"
+            )
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         tags = self._check_tags(tags)
-        if self.supports_sleep and self._asleep:
-            self.llm.wake_up(tags=list(tags))
-            self._asleep = "kv_cache" not in tags
+        with self._engine_turn():
+            if self.supports_sleep and self._asleep:
+                self.llm.wake_up(tags=list(tags))
+                self._asleep = "kv_cache" not in tags
 
-    # ------------------------------------------------------------------ generation
-    def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Generate ``n`` responses per prompt row (see :class:`BaseRollout` for the keys)."""
-        from vllm import SamplingParams
-
+    # ------------------------------------------------------------------ the request hooks
+    def _check_ready(self) -> None:
         if self._asleep:
-            raise RuntimeError("vLLMRollout is asleep; call wake_up() before generate_sequences")
-        plan = plan_generation(prompts, self.config, self._default_eos, self._default_pad, self._vocab_size)
-        if not plan.rows:
-            return assemble_output(prompts, plan, *plan.empty_outputs())
-        params = plan.params
-        requests, sampling = [], []
-        for row in range(plan.rows):
-            token_ids = plan.input_ids[row][plan.prompt_mask[row].bool()].tolist()
-            for j in range(plan.n):
-                requests.append({"prompt_token_ids": token_ids})
-                sampling.append(
-                    SamplingParams(
-                        n=1,
-                        temperature=0.0 if plan.greedy else params.temperature,
-                        top_p=1.0 if plan.greedy else params.top_p,
-                        top_k=-1 if plan.greedy or params.top_k in (0, -1) else params.top_k,
-                        max_tokens=plan.response_length,
-                        logprobs=0,
-                        seed=None if plan.seeds is None else plan.seeds[row * plan.n + j],
-                        stop_token_ids=plan.eos_ids,
-                        ignore_eos=self.config.ignore_eos,
-                        detokenize=False,
-                    )
-                )
-        outputs = self.llm.generate(requests, sampling_params=sampling, use_tqdm=False)
-        samples, resp_len = len(requests), plan.response_length
-        responses = torch.full((samples, resp_len), plan.pad, dtype=torch.long)
-        log_probs = torch.zeros(samples, resp_len)
-        lengths = torch.zeros(samples, dtype=torch.long)
-        for i, output in enumerate(outputs):
-            completion = output.outputs[0]
-            tokens = list(completion.token_ids)[:resp_len]
-            lengths[i] = len(tokens)
-            responses[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-            log_probs[i, : len(tokens)] = torch.tensor(
-                [step[token].logprob for step, token in zip(completion.logprobs, tokens)]
-            )
-        return assemble_output(prompts, plan, responses, log_probs, lengths)
+            raise RuntimeError("vLLMRollout is asleep; call wake_up() before generating")
+
+    def _serve_admit(self, requests: list[RequestState]) -> None:
+        self._requests.add(requests)
+
+    def _serve_step(self) -> list[tuple[RequestState, list[int], list[float], str | None]]:
+        return self._requests.step()
+
+    def _serve_release(self, requests: list[RequestState]) -> None:
+        self._requests.release(requests)
+
+    def _serve_invalidate(self) -> None:
+        self._requests.reset_prefix_cache()
