@@ -30,6 +30,7 @@ import contextlib
 import hashlib
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -44,6 +45,11 @@ from verl.workers.rollout.request import assemble_output, plan_generation, sampl
 __all__ = ["RequestServing", "RequestState", "SamplingSpec", "resolve_sampling_params"]
 
 logger = logging.getLogger(__name__)
+
+# Waking from idle, the engine thread waits for more arrivals while they come at most this far apart, for at most
+# the window: a burst of concurrent submissions then starts as one batch (one prefill) instead of a trickle.
+_ARRIVAL_GAP_S = 0.001
+_ARRIVAL_WINDOW_S = 0.01
 
 _SAMPLING_KEYS = frozenset(
     {
@@ -234,7 +240,7 @@ class RequestServing:
     @property
     def weight_version(self) -> int:
         """The version of the weights the engine generates with (0: as constructed; +1 per weight load)."""
-        return self._weight_version
+        return getattr(self, "_weight_version", 0)
 
     def set_weight_version(self, version: int) -> None:
         """Name the current weights' version (e.g. the trainer's step; veRL's ``set_global_steps``)."""
@@ -259,6 +265,11 @@ class RequestServing:
         self, requests: list[tuple[str, list[int], Mapping[str, Any] | None, TokenOutput | None]]
     ) -> list[concurrent.futures.Future]:
         """Queue several requests at once: they join the running batch together (same arguments as :meth:`submit`)."""
+        if not hasattr(self, "_cv"):
+            raise NotImplementedError(
+                f"{type(self).__name__} does not serve requests: its constructor must call _init_serving() and it "
+                f"must implement the _serve_* hooks (see verl.workers.rollout.serving)"
+            )
         self._check_ready()
         states = [self._make_request(*request) for request in requests]
         ids = [state.request_id for state in states]
@@ -371,6 +382,9 @@ class RequestServing:
         On exit the weight version becomes ``version`` (default: +1), prefix caches are dropped and the running
         requests are preempted, so they continue on KV recomputed with the new weights.
         """
+        if not hasattr(self, "_cv"):  # an engine that does not serve requests: nothing to hold still
+            yield
+            return
         with self._engine_turn():
             self._updating += 1
             try:
@@ -471,6 +485,8 @@ class RequestServing:
                     self._cv.wait()
                 if self._stopping:
                     return
+                if not self._running and not self._waiting:
+                    self._gather_arrivals()
             with self._engine_lock:  # lock order everywhere: the engine lock, then the condition
                 with self._cv:
                     self._waiting.extend(self._incoming)
@@ -483,6 +499,19 @@ class RequestServing:
                     self._fail_all(error)
                     continue
                 self._deliver(events)
+
+    def _gather_arrivals(self) -> None:
+        """Waking from idle, let a burst of submissions (``asyncio.gather`` of many ``generate`` calls) arrive
+        before the first prefill, so they join as one batch: wait while requests keep coming, up to
+        ``_ARRIVAL_WINDOW_S``. Called with ``_cv`` held."""
+        deadline = time.monotonic() + _ARRIVAL_WINDOW_S
+        seen = -1
+        while len(self._incoming) != seen and len(self._incoming) < self._max_num_seqs and not self._stopping:
+            seen = len(self._incoming)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._cv.wait(min(left, _ARRIVAL_GAP_S))
 
     def _admit(self) -> None:
         free = self._max_num_seqs - len(self._running)
