@@ -166,3 +166,24 @@ def test_a_weight_load_preempts_running_requests_and_no_old_kv_is_used(tiny_mode
     torch.testing.assert_close(after.batch["rollout_log_probs"], recompute(new, after), atol=1e-5, rtol=0)
     assert not torch.allclose(after.batch["rollout_log_probs"], recompute(old, after), atol=1e-2)
     engine.close()
+
+
+def test_a_failing_step_fails_the_requests_in_flight_and_the_engine_serves_on(engine, monkeypatch):
+    """Fault injection: the running batch's step raises once (as a model bug or an OOM would)."""
+    step = engine._batch.step
+    calls = {"n": 0}
+
+    def broken_once():
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("injected fault")
+        return step()
+
+    monkeypatch.setattr(engine._batch, "step", broken_once)
+    futures = engine.submit_many([(f"f{i}", prompt(30 + i), {**GREEDY, "max_tokens": 20}, None) for i in range(2)])
+    for i, future in enumerate(futures):
+        with pytest.raises(RuntimeError, match=f"generate\\('f{i}'\\) failed in the engine step: injected fault"):
+            future.result(timeout=60)
+    assert engine.num_requests() == 0
+    out = engine.submit("after", prompt(32), {**GREEDY, "max_tokens": 5}).result(timeout=60)
+    assert len(out.token_ids) == 5

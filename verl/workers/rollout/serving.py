@@ -493,12 +493,12 @@ class RequestServing:
                     self._incoming = []
                 try:
                     self._admit()
-                    events = self._serve_step() if self._running else []
-                except Exception as error:  # noqa: BLE001 - every request in flight gets the error
+                    self._deliver(self._serve_step() if self._running else [])
+                except BaseException as error:  # every request in flight gets the error: no caller waits forever
                     logger.exception("%s: the engine step failed", type(self).__name__)
                     self._fail_all(error)
-                    continue
-                self._deliver(events)
+                    if not isinstance(error, Exception):
+                        raise
 
     def _gather_arrivals(self) -> None:
         """Waking from idle, let a burst of submissions (``asyncio.gather`` of many ``generate`` calls) arrive
@@ -558,7 +558,7 @@ class RequestServing:
             logger.info("weight version %d: %d running request(s) preempted", self._weight_version, len(running))
         self._serve_invalidate()
 
-    def _fail_all(self, error: Exception) -> None:
+    def _fail_all(self, error: BaseException) -> None:
         with self._cv:
             incoming, self._incoming = self._incoming, []
         failed = incoming + list(self._waiting) + list(self._running.values())
