@@ -6,8 +6,7 @@ tokenizer's chat template, generates ``data.n_samples`` responses per prompt and
 
 The responses come from the trainer's own generation path: a `RayWorkerGroup` of ``trainer.n_gpus_per_node ×
 trainer.nnodes`` `ActorRolloutRefWorker` processes with ``role="rollout"`` (the engine ``rollout.name`` loads
-``model.path``), driven by the trainer's `RolloutManager`, which pads every batch to the worker count and unpads the
-result. Prompts are left-padded the way `RLHFDataset` makes them (this module's ``GenerationPrompts`` is that dataset,
+``model.path``), driven by the trainer's generation path: the `AgentLoopManager` with the single-turn agent loop. Prompts are left-padded the way `RLHFDataset` makes them (this module's ``GenerationPrompts`` is that dataset,
 checking only the prompt column and keeping every row), ``data.batch_size`` prompts at a time, each prompt repeated
 ``n_samples`` times; sample ``j`` of prompt ``i`` (its row in the file) draws from the engine's random stream for
 (``rollout.seed``, step 0, prompt ``i``, sample ``j``), so the output does not depend on the batch size or the
@@ -323,7 +322,7 @@ def generate(config: DictConfig) -> str:
 
     from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
     from verl.trainer.main_ppo import load_tokenizer
-    from verl.trainer.ppo.rollout_manager import RolloutManager
+    from verl.experimental.agent_loop import AgentLoopManager
     from verl.utils.import_utils import import_external_libs
     from verl.workers.fsdp_workers import ActorRolloutRefWorker
 
@@ -335,7 +334,7 @@ def generate(config: DictConfig) -> str:
     world = [config.trainer.n_gpus_per_node] * config.trainer.nnodes
     pool = RayResourcePool(world, use_gpu=config.trainer.device != "cpu", max_colocate_count=1)
     worker_config = OmegaConf.create({"model": model, "rollout": config.rollout})
-    cls = RayClassWithInitArgs(ray.remote(ActorRolloutRefWorker), config=worker_config, role="rollout")
+    cls = RayClassWithInitArgs(ActorRolloutRefWorker, config=worker_config, role="rollout")
     group = None
     responses: list[list[str]] = []
     try:
@@ -344,7 +343,9 @@ def generate(config: DictConfig) -> str:
         tokenizer = load_tokenizer(model)
         frame, prompts = _load_prompts(config, tokenizer)
         group.init_model()
-        manager = RolloutManager(group, tokenizer, step=lambda: 0)
+        manager = AgentLoopManager(
+            OmegaConf.create({"actor_rollout_ref": worker_config, "data": {}}), group, tokenizer=tokenizer
+        )
         batches = range(0, len(prompts), data.batch_size)
         for number, start in enumerate(batches, 1):
             stop = min(start + data.batch_size, len(prompts))

@@ -7,10 +7,17 @@ engine (`verl.workers.rollout`) and the weight-sync engine (`verl.checkpoint_eng
 In the hybrid engine (role ``actor_rollout`` or ``actor_rollout_ref``) the trainer and the rollout engine share the
 process: the engine sleeps (frees its weights and KV cache) after generating and is woken with fresh weights by
 ``update_weights``. A generate call on a sleeping engine wakes and syncs it first.
+
+The rollout worker is also a *server*: ``generate(request_id, *, prompt_ids, sampling_params, ...)`` (veRL's server
+call) and ``abort_requests`` are :func:`~verl.single_controller.base.decorator.server_method` s, which Ray runs in
+the actor's own concurrency group on its own event loop — many requests in flight at once, each an awaiting
+coroutine, while the registered (training) methods run one at a time in the default group. A training call that
+arrives while requests are in flight is refused (``trainer.mode=sync`` trains only between generations).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -22,7 +29,12 @@ from verl.algorithms.rollout_corr_helper import compute_rollout_corr_metrics_fro
 from verl.checkpoint_engine import get_checkpoint_engine
 from verl.protocol import DataProto
 from verl.single_controller.base import Worker
-from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
+from verl.single_controller.base.decorator import (
+    Dispatch,
+    make_nd_compute_dataproto_dispatch_fn,
+    register,
+    server_method,
+)
 from verl.utils.device import get_device_name
 from verl.utils.distributed import initialize_global_process_group
 from verl.utils.import_utils import import_external_libs
@@ -192,11 +204,52 @@ class ActorRolloutRefWorker(ProfiledWorker):
         output.meta_info.setdefault("metrics", {})["timing_s/generate_sequences"] = seconds
         return output
 
+    @server_method
+    async def generate(
+        self,
+        request_id: str,
+        *,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any] | None = None,
+        image_data: Any = None,
+        video_data: Any = None,
+    ) -> Any:
+        """One request to this worker's rollout engine (veRL's server call): returns its ``TokenOutput``."""
+        if not self._is_rollout:
+            raise RuntimeError(f"generate on a worker of role {self.role!r}, which has no rollout engine")
+        if self._rollout_asleep:
+            raise RuntimeError(
+                f"generate({request_id!r}) on rank {self.rank}: the rollout engine is asleep (its weights are "
+                "released); wake it first (wake_up)"
+            )
+        return await self.rollout.generate(
+            request_id,
+            prompt_ids=prompt_ids,
+            sampling_params=sampling_params,
+            image_data=image_data,
+            video_data=video_data,
+        )
+
+    @server_method
+    async def abort_requests(self, request_ids: list[str] | None = None) -> dict[str, Any]:
+        """Abort requests in flight (None: all); returns each one's partial ``TokenOutput`` by request id."""
+        return await asyncio.to_thread(self.rollout.abort, request_ids)
+
+    def _check_idle(self, what: str) -> None:
+        """Refuse a training call while generation requests are in flight in this process."""
+        in_flight = self.rollout.num_requests() if self._is_rollout and hasattr(self, "rollout") else 0
+        if in_flight:
+            raise RuntimeError(
+                f"{what} on rank {self.rank} while {in_flight} generation request(s) are in flight: trainer.mode=sync "
+                "runs training calls only between generations"
+            )
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def update_weights(self) -> dict[str, float]:
         """Wake the rollout engine and load the actor's current weights into it (verified when asked)."""
         if not (self._is_actor and self._is_rollout):
             raise RuntimeError(f"update_weights needs the actor and the rollout in one worker, role is {self.role!r}")
+        self._check_idle("update_weights")
         self.rollout.wake_up(["weights"])
         bucket = self.rollout_config.checkpoint_engine.update_weights_bucket_megabytes * 2**20
         with self.rollout.weight_update():  # all buckets are one weight load: one new version
@@ -212,13 +265,17 @@ class ActorRolloutRefWorker(ProfiledWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sleep(self) -> int:
         """Put the rollout engine to sleep; returns the bytes it still holds."""
+        self._check_idle("sleep")
         self.rollout.sleep()
         self._rollout_asleep = True
         return self.rollout.memory_bytes()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def wake_up(self) -> int:
-        """Wake the rollout engine with the actor's current weights (or its own, for a rollout-only worker)."""
+        """Wake a sleeping rollout engine with the actor's current weights (or its own, for a rollout-only worker);
+        an awake engine stays as it is."""
+        if not self._rollout_asleep:
+            return self.rollout.memory_bytes()
         if self._is_actor:
             self.update_weights()
         else:
@@ -253,6 +310,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
         them."""
         if not self._is_actor:
             raise RuntimeError(f"compute_log_prob on a worker of role {self.role!r}, which has no actor")
+        self._check_idle("compute_log_prob")
         cfg = self.rollout_config
         data = self._log_prob_meta(
             data,
@@ -278,6 +336,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
         """``ref_log_prob`` of the responses under the frozen reference policy."""
         if not self._is_ref:
             raise RuntimeError(f"compute_ref_log_prob on a worker of role {self.role!r}, which has no ref policy")
+        self._check_idle("compute_ref_log_prob")
         ref = self.ref_config
         data = self._log_prob_meta(
             data,
@@ -294,6 +353,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
         """One PPO update of the actor on this rank's share; returns ``actor/*`` metrics (and ``actor/lr``)."""
         if not self._is_actor:
             raise RuntimeError(f"update_actor on a worker of role {self.role!r}, which has no actor")
+        self._check_idle("update_actor")
         data.meta_info.setdefault("temperature", self.rollout_config.temperature if self.rollout_config else 1.0)
         start = time.perf_counter()
         with self.actor_engine.on_device():

@@ -21,7 +21,7 @@ from verl.workers.reward_manager import (
     get_reward_manager_cls,
     register,
 )
-from verl.workers.reward_manager.abstract import RewardFunctionError, _align_extra
+from verl.workers.reward_manager.abstract import RewardFunctionError, align_extra_info
 
 # (question, response text, ended with EOS, ground truth)
 SAMPLES = [
@@ -271,5 +271,5 @@ class TestRegistry:
 
 def test_extra_info_is_aligned_with_fills():
     rows = [{"score": 1.0, "acc": 1, "pred": "7"}, {}, {"score": 0.5, "pred": "3"}]
-    assert _align_extra(rows) == {"score": [1.0, 0.0, 0.5], "acc": [1, 0.0, 0.0], "pred": ["7", None, "3"]}
-    assert _align_extra([]) == {}
+    assert align_extra_info(rows) == {"score": [1.0, 0.0, 0.5], "acc": [1, 0.0, 0.0], "pred": ["7", None, "3"]}
+    assert align_extra_info([]) == {}

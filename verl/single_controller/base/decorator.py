@@ -25,13 +25,35 @@ __all__ = [
     "get_predefined_dispatch_fn",
     "get_predefined_execute_fn",
     "make_nd_compute_dataproto_dispatch_fn",
+    "SERVER_CONCURRENCY",
+    "SERVER_GROUP",
     "register",
     "register_dispatch_mode",
+    "server_method",
+    "server_methods",
     "update_dispatch_mode",
 ]
 
 MAGIC_ATTR = "_verl_register_attrs"  # attribute under which @register stores its settings on the function
 PADDING_SIZE_KEY = "_verl_padding_size"  # kwarg a dispatch fn uses to tell the group how many rows it padded
+SERVER_GROUP = "server"  # the Ray concurrency group of a worker's server methods (its own event loop thread)
+SERVER_CONCURRENCY = 4096  # requests one worker serves at once (each in-flight request is one awaiting coroutine)
+_SERVER_ATTR = "_verl_server_method"
+
+
+def server_method(func: Callable) -> Callable:
+    """Mark a worker method as a *server* method: called per request on one actor (not through the worker group's
+    dispatch), in the actor's own concurrency group :data:`SERVER_GROUP`, so that many requests are in flight at
+    once while the registered methods keep running one at a time. The method should be ``async`` (an awaiting
+    request then holds no thread)."""
+    setattr(func, _SERVER_ATTR, True)
+    func.__ray_concurrency_group__ = SERVER_GROUP
+    return func
+
+
+def server_methods(cls: type) -> list[str]:
+    """Names of the methods of ``cls`` marked with :func:`server_method`."""
+    return [name for name in dir(cls) if getattr(getattr(cls, name, None), _SERVER_ATTR, False)]
 
 
 class DynamicEnum:

@@ -10,6 +10,7 @@ from verl.single_controller.ray.base import (
     create_colocated_worker_cls,
     create_colocated_worker_raw_cls,
     merge_resource_pool,
+    remote_worker_class,
     split_resource_pool,
 )
 
@@ -22,5 +23,6 @@ __all__ = [
     "create_colocated_worker_cls",
     "create_colocated_worker_raw_cls",
     "merge_resource_pool",
+    "remote_worker_class",
     "split_resource_pool",
 ]

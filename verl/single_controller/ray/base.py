@@ -22,7 +22,13 @@ from ray.exceptions import RayActorError, RayTaskError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from verl.single_controller.base.decorator import MAGIC_ATTR
+from verl.single_controller.base.decorator import (
+    MAGIC_ATTR,
+    SERVER_CONCURRENCY,
+    SERVER_GROUP,
+    server_method,
+    server_methods,
+)
 from verl.single_controller.base.worker import Worker
 from verl.single_controller.base.worker_group import ClassWithInitArgs, ResourcePool, WorkerGroup
 from verl.utils.net_utils import node_ip_and_free_port
@@ -275,7 +281,7 @@ class RayClassWithInitArgs(ClassWithInitArgs):
 
     def __init__(self, cls: Any, *args, **kwargs) -> None:
         if not hasattr(cls, "__ray_actor_class__"):
-            cls = ray.remote(cls)
+            cls = remote_worker_class(cls)
         super().__init__(cls, *args, **kwargs)
         self._options: dict[str, Any] = {}
         self._additional_resource: dict[str, float] = {}
@@ -323,6 +329,14 @@ class RayClassWithInitArgs(ClassWithInitArgs):
         if detached:
             options["lifetime"] = "detached"
         return self.cls.options(**options).remote(*self.args, **self.kwargs)
+
+
+def remote_worker_class(cls: type) -> Any:
+    """``ray.remote(cls)``, with the concurrency group of its :func:`server_method` s when it has any (they then
+    serve many requests at once on their own event loop; the registered methods still run one at a time)."""
+    if server_methods(cls):
+        return ray.remote(concurrency_groups={SERVER_GROUP: SERVER_CONCURRENCY})(cls)
+    return ray.remote(cls)
 
 
 # a task in a module that imports nothing heavy: the worker that runs it starts in well under a second
@@ -445,6 +459,7 @@ class RayWorkerGroup(WorkerGroup):
                 raise ValueError(f"no methods of role {prefix!r} on worker group {self.name_prefix!r}")
             for full in names:
                 setattr(group, full[len(start) :], getattr(group, full))
+            group.method_prefix = start  # the role's methods on the fused actors (e.g. its server methods)
             spawned[prefix] = group
         return spawned
 
@@ -529,7 +544,10 @@ def _role_method(role: str, name: str, func: Any) -> Any:
             return getattr(self.worker_dict[role], name)(*args, **kwargs)
 
     method.__name__ = f"{role}_{name}"
-    setattr(method, MAGIC_ATTR, getattr(func, MAGIC_ATTR))
+    if hasattr(func, MAGIC_ATTR):
+        setattr(method, MAGIC_ATTR, getattr(func, MAGIC_ATTR))
+    else:
+        server_method(method)
     return method
 
 
@@ -574,7 +592,7 @@ def create_colocated_worker_raw_cls(class_dict: dict[str, ClassWithInitArgs]) ->
     for role, (cls, _, _) in roles.items():
         for name in dir(cls):
             func = getattr(cls, name, None)
-            if isinstance(getattr(func, MAGIC_ATTR, None), dict):
+            if isinstance(getattr(func, MAGIC_ATTR, None), dict) or name in server_methods(cls):
                 namespace[f"{role}_{name}"] = _role_method(role, name, func)
     fused = type("WorkerDict_" + "_".join(roles), (Worker,), namespace)
     fused.is_fused_worker = True
@@ -591,4 +609,4 @@ def create_colocated_worker_cls(class_dict: dict[str, ClassWithInitArgs]) -> Ray
     """
     if not class_dict:
         raise ValueError("create_colocated_worker_cls needs at least one role")
-    return RayClassWithInitArgs(ray.remote(create_colocated_worker_raw_cls(class_dict)))
+    return RayClassWithInitArgs(remote_worker_class(create_colocated_worker_raw_cls(class_dict)))

@@ -158,8 +158,7 @@ UNREAD: tuple[Unread, ...] = (
     Unread(f"{_ROLLOUT}.multi_turn", "warn", "multi-turn rollouts are not implemented (multi_turn.enable is refused)"),
     Unread(f"{_ROLLOUT}.multi_turn.enable", "error", "multi-turn / tool rollouts are not implemented"),
     Unread(f"{_ROLLOUT}.multi_turn.tool_config_path", "error", "tool schemas are not added to the prompts"),
-    Unread(f"{_ROLLOUT}.agent", "error", "custom agent loops are not available yet (the AgentLoop)"),
-    Unread(f"{_ROLLOUT}.agent.num_workers", "warn", "generation runs in the rollout workers (no agent-loop workers)"),
+    Unread(f"{_ROLLOUT}.agent.custom_async_server", "error", "custom rollout server classes are not supported"),
     Unread(f"{_ROLLOUT}.trace", "warn", "rollout tracing is not implemented"),
     Unread(f"{_ROLLOUT}.prometheus", "warn", "no Prometheus metrics are exported"),
     Unread(f"{_ROLLOUT}.mtp", "warn", "speculative decoding with MTP is not implemented"),
@@ -265,7 +264,6 @@ NAME_USED_ELSEWHERE: frozenset[str] = frozenset(
         "actor_rollout_ref.actor.optim.clip_grad",  # the engine's default max_norm; the workers pass grad_clip
         "critic.optim.clip_grad",
         f"{_ROLLOUT}.calculate_log_probs",
-        f"{_ROLLOUT}.agent.num_workers",
         f"{_ROLLOUT}.multi_turn.enable",
         "transfer_queue.enable",
         "reward_model.strategy",

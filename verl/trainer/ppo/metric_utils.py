@@ -39,7 +39,8 @@ def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
 def compute_data_metrics(batch: DataProto, use_critic: bool = True) -> dict[str, float]:
     """``critic/score/*`` (sequence sums of ``token_level_scores``), ``critic/rewards/*``, ``critic/advantages/*``,
     ``critic/returns/*``, ``critic/values/*`` and ``critic/vf_explained_var`` (with a critic), ``response_length/*``
-    (+ ``clip_ratio``), ``prompt_length/*`` (+ ``clip_ratio``)."""
+    (+ ``clip_ratio``), ``prompt_length/*`` (+ ``clip_ratio``), and ``num_turns/{min,max,mean}`` when the agent loops
+    recorded ``__num_turns__``."""
     b = batch.batch
     response_mask = b["response_mask"].bool()
     max_response_length = b["responses"].shape[-1]
@@ -62,6 +63,9 @@ def compute_data_metrics(batch: DataProto, use_critic: bool = True) -> dict[str,
     metrics["response_length/clip_ratio"] = float((response_length == max_response_length).float().mean())
     metrics.update(_stats("prompt_length", prompt_length))
     metrics["prompt_length/clip_ratio"] = float((prompt_length == max_prompt_length).float().mean())
+    if "__num_turns__" in batch.non_tensor_batch:
+        turns = np.asarray(batch.non_tensor_batch["__num_turns__"], dtype=np.float64)
+        metrics.update({f"num_turns/{stat}": float(getattr(turns, stat)()) for stat in ("min", "max", "mean")})
     return metrics
 
 

@@ -40,7 +40,7 @@ from verl.trainer.ppo.metric_utils import (
 )
 from verl.trainer.ppo.reward import compute_reward_with_metrics
 from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode, compute_rollout_correction_and_add_to_batch
-from verl.trainer.ppo.rollout_manager import CheckpointManager, RolloutManager
+from verl.trainer.ppo.rollout_manager import CheckpointManager, create_rollout_manager
 from verl.trainer.ppo.trainer_checkpoint import load_trainer_checkpoint, save_trainer_checkpoint
 from verl.trainer.ppo.utils import (
     ResourcePoolManager,
@@ -119,7 +119,7 @@ class RayPPOTrainer:
         self.use_rm = bool(self.config.reward_model.enable)
         # the reference policy runs inside the actor's workers (role actor_rollout_ref): ref_policy_wg is that group
         self.ref_in_actor = self.use_reference_policy
-        self.async_rollout_mode = self.config.actor_rollout_ref.rollout.get("mode", "async") == "async"
+        self.async_rollout_mode = True  # as veRL: rollout.mode=sync takes the same (server / agent-loop) path
         self.global_steps = 0
         self._current_epoch: int | None = None  # set by fit(); a recipe's own fit() falls back to veRL's rule
         profiler = self.config.get("global_profiler") or {}
@@ -212,10 +212,17 @@ class RayPPOTrainer:
             if wg is not None:
                 wg.init_model()
         self.actor_rollout_wg.init_model()
-        self.async_rollout_manager = RolloutManager(self.actor_rollout_wg, self.tokenizer, lambda: self.global_steps)
+        self.async_rollout_manager = create_rollout_manager(
+            self.config,
+            self.actor_rollout_wg,
+            tokenizer=self.tokenizer,
+            reward_fn=None if self.use_rm else self.reward_fn,  # a reward model scores after generation
+            val_reward_fn=None if self.use_rm else self.val_reward_fn,
+            step=lambda: self.global_steps,
+        )
         self.checkpoint_manager = CheckpointManager(self.actor_rollout_wg)
         if self.config.actor_rollout_ref.rollout.get("skip_rollout", False):
-            RolloutSkip(self.config, self.actor_rollout_wg).wrap_generate_sequences()
+            RolloutSkip(self.config, self.async_rollout_manager).wrap_generate_sequences()
 
     # ------------------------------------------------------------------ stages
     def _get_gen_batch(self, batch: DataProto) -> DataProto:
@@ -228,8 +235,7 @@ class RayPPOTrainer:
         other = [k for k in batch.non_tensor_batch if k not in REWARD_KEYS]
         gen = batch.pop(batch_keys=keys, non_tensor_batch_keys=other)
         gen.batch["prompt_index"] = torch.arange(len(gen))
-        if self.async_rollout_mode:  # as veRL: an agent loop sees the reward's inputs too
-            gen.non_tensor_batch.update(batch.non_tensor_batch)
+        gen.non_tensor_batch.update(batch.non_tensor_batch)  # as veRL: an agent loop sees the reward's inputs too
         return gen
 
     def _generate(
@@ -252,7 +258,8 @@ class RayPPOTrainer:
         if not do_sample:
             gen.meta_info["do_sample"] = False
         output = self.async_rollout_manager.generate_sequences(gen.repeat(n, interleave=True))
-        generation, output.meta_info = output.meta_info, {}
+        generation = output.meta_info
+        output.meta_info = {"reward_extra_keys": generation.pop("reward_extra_keys", [])}
         batch = batch.repeat(n, interleave=True).union(output)
         batch.meta_info["generation"] = generation
         return batch

@@ -163,21 +163,22 @@ class AgentLoopConfig(BaseConfig):
     """``rollout.agent``: the agent-loop workers that drive the rollout servers.
 
     Args:
-        num_workers: agent-loop workers the batch is split over.
+        num_workers: agent-loop workers the batch is split over (None: veRL's 8 on a cluster with GPUs, one per node
+            hosting rollout replicas without).
         default_agent_loop: agent loop of rows that name none (registered name).
         agent_loop_config_path: YAML of extra agent loops (``name`` + ``_target_``).
         custom_async_server: a user-provided server class.
         agent_loop_manager_class: dotted path of a custom agent-loop manager (None: ours).
     """
 
-    num_workers: int = 8
+    num_workers: int | None = None
     default_agent_loop: str = "single_turn_agent"
     agent_loop_config_path: str | None = None
     custom_async_server: CustomAsyncServerConfig = field(default_factory=CustomAsyncServerConfig)
     agent_loop_manager_class: str | None = None
 
     def __post_init__(self) -> None:
-        _check_int("rollout.agent.num_workers", self.num_workers, 1)
+        _check_int("rollout.agent.num_workers", self.num_workers, 1, optional=True)
         if not isinstance(self.default_agent_loop, str) or not self.default_agent_loop:
             raise ValueError(f"rollout.agent.default_agent_loop={self.default_agent_loop!r} must name an agent loop")
 

@@ -41,7 +41,7 @@ from verl.utils.py_functional import accepted_kwargs, rejected_kwargs
 from verl.utils.reward_score import default_compute_score
 from verl.utils.reward_score.pool import FailureLog, RewardScorePool, ScoreResult
 
-__all__ = ["AbstractRewardManager", "RewardFunctionError", "RewardSample", "describe_function"]
+__all__ = ["AbstractRewardManager", "RewardFunctionError", "RewardSample", "align_extra_info", "describe_function"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,11 @@ class ScoredBatch:
 
 
 class RewardFunctionError(RuntimeError):
-    """The reward function failed on every sample of a batch."""
+    """The reward function failed on every sample of a batch (``timeouts`` of them by running out of time)."""
+
+    def __init__(self, message: str, timeouts: int = 0) -> None:
+        super().__init__(message)
+        self.timeouts = timeouts
 
 
 def describe_function(fn: Callable[..., Any]) -> str:
@@ -148,7 +152,8 @@ class AbstractRewardManager:
             raise RewardFunctionError(
                 f"the reward function {describe_function(self.compute_score)} failed on every one of the "
                 f"{len(samples)} samples of this batch ({scored.timeouts} timed out); the first failure:\n"
-                f"{scored.first_failure}"
+                f"{scored.first_failure}",
+                timeouts=scored.timeouts,
             )
         responses = data.batch["responses"]
         reward_tensor = torch.zeros(responses.shape, dtype=torch.float32)
@@ -160,7 +165,7 @@ class AbstractRewardManager:
         metrics = {"reward/error_count": scored.errors, "reward/timeout_count": scored.timeouts}
         return {
             "reward_tensor": reward_tensor,
-            "reward_extra_info": _align_extra(scored.extra),
+            "reward_extra_info": align_extra_info(scored.extra),
             "reward_metrics": metrics,
         }
 
@@ -304,7 +309,7 @@ def _validate(result: ScoreResult) -> ScoreResult:
     return ScoreResult(error=f"compute_score {problem}; expected a finite number or a dict with a finite 'score'")
 
 
-def _align_extra(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
+def align_extra_info(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
     """Per-sample dicts → one list per key, aligned with the samples.
 
     A sample without a key (its call failed, or its dict lacked it) gets 0.0 when every present value of that key is

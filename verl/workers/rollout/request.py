@@ -25,6 +25,7 @@ __all__ = [
     "plan_generation",
     "read_prompts",
     "sample_seed",
+    "sequence_tensors",
 ]
 
 TORCH_DTYPES = {
@@ -198,33 +199,47 @@ def plan_generation(
     )
 
 
-def assemble_output(
-    prompts: DataProto, plan: GenerationPlan, responses: torch.Tensor, log_probs: torch.Tensor, lengths: torch.Tensor
-) -> DataProto:
-    """The rollout contract's output from responses (S, R), their log-probs (S, R) and lengths (S,), S = rows · n."""
-    device = responses.device
-    resp_len = plan.response_length
-    response_mask = torch.arange(resp_len, device=device)[None, :] < lengths.to(device)[:, None]
-    bad = response_mask & ~torch.isfinite(log_probs)
+def sequence_tensors(
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    responses: torch.Tensor,
+    response_valid: torch.Tensor,
+    response_mask: torch.Tensor,
+    log_probs: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """The rollout contract's tensors from left-padded prompts (S, P) and right-padded responses (S, R):
+    ``response_valid`` marks the response tokens (1) against padding (0), ``response_mask`` the tokens the model
+    generated (a subset: multi-turn tool tokens are valid but not generated), ``log_probs`` their log-probs."""
+    bad = response_mask.bool() & ~torch.isfinite(log_probs)
     if bad.any():
         row, col = (int(v) for v in bad.nonzero()[0])
         raise RuntimeError(
             f"generate_sequences: non-finite log-probability for sample row {row} at response position {col}; "
             f"the engine's weights or logits contain NaN/inf"
         )
-    prompt_mask = plan.prompt_mask.to(device)
-    prompt_ids = plan.input_ids.to(device).repeat_interleave(plan.n, dim=0)
+    response_valid = response_valid.to(prompt_mask.dtype)
     response_mask = response_mask.to(prompt_mask.dtype)
-    attention_mask = torch.cat([prompt_mask.repeat_interleave(plan.n, dim=0), response_mask], dim=-1)
-    tensors = {
+    attention_mask = torch.cat([prompt_mask, response_valid], dim=-1)
+    return {
         "prompts": prompt_ids,
         "responses": responses,
         "input_ids": torch.cat([prompt_ids, responses], dim=-1),
         "attention_mask": attention_mask,
         "position_ids": (attention_mask.long().cumsum(-1) - 1).clamp_(min=0),
         "response_mask": response_mask,
-        "rollout_log_probs": log_probs * response_mask,
+        "rollout_log_probs": log_probs.masked_fill(response_mask == 0, 0.0),
     }
+
+
+def assemble_output(
+    prompts: DataProto, plan: GenerationPlan, responses: torch.Tensor, log_probs: torch.Tensor, lengths: torch.Tensor
+) -> DataProto:
+    """The rollout contract's output from responses (S, R), their log-probs (S, R) and lengths (S,), S = rows · n."""
+    device = responses.device
+    valid = torch.arange(plan.response_length, device=device)[None, :] < lengths.to(device)[:, None]
+    prompt_mask = plan.prompt_mask.to(device).repeat_interleave(plan.n, dim=0)
+    prompt_ids = plan.input_ids.to(device).repeat_interleave(plan.n, dim=0)
+    tensors = sequence_tensors(prompt_ids, prompt_mask, responses, valid, valid, log_probs)
     out_device = prompts.batch["input_ids"].device
     tensors = {k: v.to(out_device) for k, v in tensors.items()}
     non_tensors = {k: np.repeat(v, plan.n, axis=0) for k, v in prompts.non_tensor_batch.items()}

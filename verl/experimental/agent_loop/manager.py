@@ -1,0 +1,200 @@
+"""`AgentLoopManager`: the driver's one generation path (veRL's ``trainer.async_rollout_manager``).
+
+``generate_sequences(prompts)`` takes prompt rows already repeated ``n`` times (veRL's call pattern), fills what the
+agent loops need and the caller may not have set (EOS / pad ids, the step, per-sample seeding indices), wakes the
+hybrid engines, splits the rows over the agent-loop workers, joins their batches, puts the engines back to sleep
+(``rollout.free_cache_engine``) and returns the batch with ``meta_info``: ``timing`` (``generate_sequences``: the
+wall time), ``metrics`` (``agent_loop/*`` and the per-sample rewards' ``reward/*`` counts), ``reward_extra_keys``
+and ``weight_version``.
+
+The replicas are the rollout engines inside the training workers (hybrid placement: one replica per worker, each a
+server through the worker's :func:`~verl.single_controller.base.decorator.server_method` s). The agent-loop
+workers are Ray actors with ``num_cpus=0`` placed on their replica's node: ``rollout.agent.num_workers`` of them
+(default: 8 with GPUs, one per node hosting replicas without).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import ray
+import torch
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from verl.experimental.agent_loop.postprocess import agent_loop_metrics
+from verl.experimental.agent_loop.server_manager import ServerHandle
+from verl.experimental.agent_loop.worker import AgentLoopWorker
+from verl.protocol import DataProto
+
+__all__ = ["AgentLoopManager", "sample_indices"]
+
+logger = logging.getLogger(__name__)
+
+_GPU_DEFAULT_WORKERS = 8
+
+
+def sample_indices(prompt_index: torch.Tensor) -> torch.Tensor:
+    """Per row, how many earlier rows share its ``prompt_index`` (0, 1, … within each prompt's copies)."""
+    out = torch.zeros_like(prompt_index)
+    seen: dict[int, int] = {}
+    for row, prompt in enumerate(prompt_index.tolist()):
+        out[row] = seen.get(prompt, 0)
+        seen[prompt] = out[row].item() + 1
+    return out
+
+
+def _split(data: DataProto, parts: int) -> list[DataProto]:
+    """``parts`` contiguous pieces of near-equal size (empty ones dropped)."""
+    size, extra = divmod(len(data), parts)
+    pieces, start = [], 0
+    for i in range(parts):
+        stop = start + size + (1 if i < extra else 0)
+        if stop > start:
+            pieces.append(data.slice(start, stop))
+        start = stop
+    return pieces
+
+
+def _node_id(actor: Any) -> str:
+    return ray.get_runtime_context().get_node_id()
+
+
+class AgentLoopManager:
+    """Generation through the agent loops (see the module docstring).
+
+    Args:
+        config: the trainer config (``actor_rollout_ref``, ``data``, ...).
+        worker_group: the actor-rollout worker group whose engines serve the requests (hybrid placement).
+        rollout_resource_pool / rm_resource_pool: veRL's arguments for standalone servers; not supported yet.
+        tokenizer: the policy's tokenizer (EOS and pad ids; loaded from the model path when not given).
+        reward_fn / val_reward_fn: score each sample as it finishes (training / validation); None: not scored.
+        step: returns the trainer's current step (it seeds sampling).
+    """
+
+    def __init__(
+        self,
+        config: Any,
+        worker_group: Any = None,
+        rollout_resource_pool: Any = None,
+        rm_resource_pool: Any = None,
+        *,
+        tokenizer: Any = None,
+        reward_fn: Any = None,
+        val_reward_fn: Any = None,
+        step: Any = None,
+    ) -> None:
+        if worker_group is None or rollout_resource_pool is not None:
+            raise NotImplementedError(
+                "AgentLoopManager: rollout servers on their own resource pool (standalone) are not supported yet; "
+                "pass the actor-rollout worker group (hybrid placement)"
+            )
+        if tokenizer is None:
+            from verl.utils.tokenizer import hf_tokenizer
+
+            tokenizer = hf_tokenizer(config.actor_rollout_ref.model.path)
+        self.config = config
+        self.worker_group = worker_group
+        self.tokenizer = tokenizer
+        self.step = step or (lambda: 0)
+        prefix = getattr(worker_group, "method_prefix", "")
+        self.server_handles = [
+            ServerHandle(actor, prefix, f"{worker_group.name_prefix} rank {rank}")
+            for rank, actor in enumerate(worker_group.workers)
+        ]
+        if not hasattr(self, "agent_loop_workers_class"):  # a recipe's subclass may set its own
+            self.agent_loop_workers_class = AgentLoopWorker
+        self._init_agent_loop_workers(reward_fn, val_reward_fn)
+
+    def _num_workers(self) -> int:
+        configured = self.config.actor_rollout_ref.rollout.agent.get("num_workers")
+        if configured is not None:
+            return int(configured)
+        if ray.cluster_resources().get("GPU", 0) > 0:
+            return _GPU_DEFAULT_WORKERS
+        return len(set(self._server_nodes()))
+
+    def _server_nodes(self) -> list[str]:
+        """The node of each replica's worker."""
+        return ray.get([h.actor.__ray_call__.remote(_node_id) for h in self.server_handles])
+
+    def _init_agent_loop_workers(self, reward_fn: Any, val_reward_fn: Any) -> None:
+        nodes = self._server_nodes()
+        cls = self.agent_loop_workers_class
+        if not hasattr(cls, "remote"):
+            cls = ray.remote(num_cpus=0)(cls)
+        self.agent_loop_workers = []
+        for i in range(self._num_workers()):
+            strategy = NodeAffinitySchedulingStrategy(node_id=nodes[i % len(nodes)], soft=True)
+            self.agent_loop_workers.append(
+                cls.options(num_cpus=0, scheduling_strategy=strategy).remote(
+                    self.config, self.server_handles, reward_fn, val_reward_fn
+                )
+            )
+
+    # ------------------------------------------------------------------ generation
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """One response per row of ``prompts`` (already repeated ``n`` times); ``meta_info`` keys the caller set win
+        over the defaults."""
+        start = time.perf_counter()
+        gen = prompts.select(
+            list(prompts.batch.keys()) if prompts.batch is not None else [],
+            meta_info_keys=list(prompts.meta_info),
+        )
+        gen.meta_info = {
+            "eos_token_id": self.tokenizer.eos_token_id,
+            "pad_token_id": self.tokenizer.pad_token_id,
+            "global_steps": self.step(),
+            "validate": False,
+            **gen.meta_info,
+        }
+        if "prompt_index" not in gen.batch.keys():  # else every row counts as its own prompt
+            gen.batch["prompt_index"] = torch.arange(len(gen))
+        if "sample_index" not in gen.batch.keys():
+            gen.batch["sample_index"] = sample_indices(gen.batch["prompt_index"])
+        self.wake_up()
+        pieces = _split(gen, len(self.agent_loop_workers))
+        outputs = ray.get(
+            [worker.generate_sequences.remote(piece) for worker, piece in zip(self.agent_loop_workers, pieces)]
+        )
+        if self.config.actor_rollout_ref.rollout.free_cache_engine:
+            self.sleep()
+        metas = [out.meta_info for out in outputs]
+        for out in outputs:
+            out.meta_info = {}
+        output = DataProto.concat(outputs)
+        metrics = agent_loop_metrics([m for meta in metas for m in meta["metrics"]], output)
+        for meta in metas:
+            for key, value in meta.get("reward_metrics", {}).items():
+                metrics[key] = metrics.get(key, 0) + value
+        output.meta_info = {
+            "timing": {"generate_sequences": time.perf_counter() - start},
+            "metrics": metrics,
+            "reward_extra_keys": metas[0].get("reward_extra_keys", []),
+        }
+        versions = [meta["weight_version"] for meta in metas if "weight_version" in meta]
+        if versions:
+            output.meta_info["weight_version"] = max(versions)
+        return output
+
+    def generate_sequences_per_prompt(self, prompts: DataProto) -> DataProto:
+        """veRL's older ``actor_rollout_wg.generate_sequences(prompts)``: ``n`` responses per prompt row
+        (``meta_info["n"]``, else ``val_kwargs.n`` when validating, else ``rollout.n``), rows repeated in place."""
+        rollout = self.config.actor_rollout_ref.rollout
+        n = prompts.meta_info.get("n")
+        if n is None:
+            n = rollout.val_kwargs.n if prompts.meta_info.get("validate", False) else rollout.n
+        prompts = prompts.select(meta_info_keys=[k for k in prompts.meta_info if k != "n"])
+        if "prompt_index" not in prompts.batch.keys():
+            prompts.batch["prompt_index"] = torch.arange(len(prompts))
+        return self.generate_sequences(prompts.repeat(int(n), interleave=True))
+
+    # ------------------------------------------------------------------ memory
+    def wake_up(self) -> None:
+        """Wake the replicas (a sleeping hybrid engine is synced with the actor's weights); awake ones stay."""
+        self.worker_group.wake_up()
+
+    def sleep(self) -> None:
+        """Free the replicas' memory (hybrid: until the next generation or weight sync)."""
+        self.worker_group.sleep()

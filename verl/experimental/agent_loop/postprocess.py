@@ -1,0 +1,131 @@
+"""From per-sample :class:`AgentLoopOutput` s to the batch the trainer consumes, and the agent-loop metrics.
+
+Prompts are left-padded to ``rollout.prompt_length`` and responses right-padded to ``rollout.response_length``
+(veRL's layout). Output tensors: ``prompts``, ``responses``, ``input_ids``, ``attention_mask``, ``position_ids``,
+``response_mask`` (1 on the tokens the model generated, 0 on tool / user tokens and padding), ``rollout_log_probs``
+(when every loop returned log-probs) and ``rm_scores`` (when every sample was scored); non-tensor columns:
+``__num_turns__``, each ``reward_extra_info`` key, and every ``extra_fields`` key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
+from verl.protocol import DataProto
+from verl.workers.rollout.request import sequence_tensors
+
+__all__ = ["SampleResult", "agent_loop_metrics", "pad_sample", "samples_to_batch"]
+
+
+@dataclass
+class SampleResult:
+    """One finished sample: the loop's output, its padded tensors (one row each), and its reward once scored."""
+
+    agent_name: str
+    output: AgentLoopOutput
+    tensors: dict[str, torch.Tensor]
+    reward: torch.Tensor | None = None  # (1, response_length)
+    reward_extra: dict[str, Any] = field(default_factory=dict)
+
+
+def pad_sample(
+    output: AgentLoopOutput, agent_name: str, prompt_length: int, response_length: int, pad_id: int
+) -> dict[str, torch.Tensor]:
+    """The sample's rows of the contract's tensors (batch dimension 1)."""
+    prompt, response = output.prompt_ids, output.response_ids
+    if not prompt:
+        raise ValueError(f"agent loop {agent_name!r} returned an empty prompt")
+    if len(prompt) > prompt_length:
+        raise ValueError(
+            f"agent loop {agent_name!r} returned a prompt of {len(prompt)} tokens, more than "
+            f"actor_rollout_ref.rollout.prompt_length={prompt_length}"
+        )
+    if len(response) > response_length:
+        raise ValueError(
+            f"agent loop {agent_name!r} returned {len(response)} response tokens, more than "
+            f"actor_rollout_ref.rollout.response_length={response_length}"
+        )
+    prompt_ids = torch.full((1, prompt_length), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((1, prompt_length), dtype=torch.long)
+    prompt_ids[0, prompt_length - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+    prompt_mask[0, prompt_length - len(prompt) :] = 1
+    responses = torch.full((1, response_length), pad_id, dtype=torch.long)
+    valid = torch.zeros((1, response_length), dtype=torch.long)
+    mask = torch.zeros((1, response_length), dtype=torch.long)
+    log_probs = torch.zeros((1, response_length), dtype=torch.float32)
+    if response:
+        responses[0, : len(response)] = torch.tensor(response, dtype=torch.long)
+        valid[0, : len(response)] = 1
+        mask[0, : len(response)] = torch.tensor(output.response_mask, dtype=torch.long)
+        if output.response_logprobs is not None:
+            log_probs[0, : len(response)] = torch.tensor(output.response_logprobs, dtype=torch.float32)
+    tensors = sequence_tensors(prompt_ids, prompt_mask, responses, valid, mask, log_probs)
+    if output.response_logprobs is None:
+        del tensors["rollout_log_probs"]
+    return tensors
+
+
+def samples_to_batch(results: Sequence[SampleResult]) -> DataProto:
+    """The batch of finished samples, in order (see the module docstring for its keys)."""
+    with_log_probs = {r.output.response_logprobs is not None for r in results}
+    if len(with_log_probs) > 1:
+        missing = sorted({r.agent_name for r in results if r.output.response_logprobs is None})
+        raise ValueError(f"agent loops {missing} returned no response_logprobs while others did (all or none)")
+    tensors = {key: torch.cat([r.tensors[key] for r in results]) for key in results[0].tensors}
+    if all(r.reward is not None for r in results):
+        tensors["rm_scores"] = torch.cat([r.reward for r in results])
+    non_tensors: dict[str, np.ndarray] = {
+        "__num_turns__": np.array([r.output.num_turns for r in results], dtype=np.int32)
+    }
+    reward_keys = _ordered_keys(r.reward_extra for r in results)
+    for key in reward_keys:
+        non_tensors[key] = _column([r.reward_extra.get(key) for r in results])
+    for key in _ordered_keys(r.output.extra_fields for r in results):
+        if key not in non_tensors:
+            non_tensors[key] = _column([r.output.extra_fields.get(key) for r in results])
+    versions = [v for r in results if isinstance(v := r.output.extra_fields.get("global_steps"), int)]
+    meta: dict[str, Any] = {"reward_extra_keys": reward_keys}
+    if versions:
+        meta["weight_version"] = max(versions)
+    return DataProto.from_dict(tensors, non_tensors, meta_info=meta)
+
+
+def _ordered_keys(dicts: Any) -> list[str]:
+    keys: list[str] = []
+    for d in dicts:
+        keys.extend(k for k in d if k not in keys)
+    return keys
+
+
+def _column(values: list[Any]) -> np.ndarray:
+    column = np.empty(len(values), dtype=object)
+    column[:] = values
+    return column
+
+
+def agent_loop_metrics(samples: Sequence[dict[str, float]], batch: DataProto) -> dict[str, float]:
+    """veRL's ``agent_loop/{generate_sequences,tool_calls,num_preempted}/{min,max,mean}`` over the samples'
+    metrics, and ``agent_loop/slowest/*``: the sample with the most generate + tool time (its prompt and response
+    lengths too)."""
+    if not samples:
+        return {}
+    metrics: dict[str, float] = {}
+    columns = {}
+    for key in ("generate_sequences", "tool_calls", "num_preempted"):
+        columns[key] = np.array([float(s.get(key, 0.0)) for s in samples])
+        for stat in ("min", "max", "mean"):
+            metrics[f"agent_loop/{key}/{stat}"] = float(getattr(columns[key], stat)())
+    slowest = int(np.argmax(columns["generate_sequences"] + columns["tool_calls"]))
+    for key, column in columns.items():
+        metrics[f"agent_loop/slowest/{key}"] = float(column[slowest])
+    prompt_length = batch.batch["prompts"].shape[1]
+    mask = batch.batch["attention_mask"][slowest]
+    metrics["agent_loop/slowest/prompt_length"] = float(mask[:prompt_length].sum())
+    metrics["agent_loop/slowest/response_length"] = float(mask[prompt_length:].sum())
+    return metrics

@@ -1,0 +1,132 @@
+"""`AsyncLLMServerManager`: routes an agent loop's requests to the rollout replicas (veRL's name and signature).
+
+- **Least outstanding requests**: a new conversation (a ``request_id`` not seen before) goes to the replica with the
+  fewest requests in flight from this manager (ties: the lowest replica index, so routing is reproducible).
+- **Sticky conversations**: later turns of a conversation (same ``request_id``) go to the same replica, so its
+  prefix cache is reused; the mapping is an LRU of ``max_cache_size`` conversations.
+- **Per-turn server ids**: each turn is sent under its own id (``<request_id>/<turn>``), so a replica never sees
+  two requests with one id; :meth:`abort` maps a conversation to its turn in flight.
+- **Seeds per turn**: a seeded conversation keeps its ``seed`` for turn 0 and derives a fresh one for each later
+  turn (same conversation, same turns → same tokens).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from verl.workers.rollout.request import sample_seed
+from verl.workers.rollout.replica import TokenOutput
+
+__all__ = ["AsyncLLMServerManager", "ServerHandle"]
+
+
+class ServerHandle:
+    """A rollout replica as a server: ``generate`` / ``abort_requests`` of the worker actor that hosts it.
+
+    Args:
+        actor: the Ray actor handle of the worker (a fused worker names its methods ``<role>_<method>``).
+        prefix: that ``<role>_`` prefix ("" for a plain worker).
+        name: how errors name the replica (e.g. ``actor_rollout rank 0``).
+    """
+
+    def __init__(self, actor: Any, prefix: str = "", name: str = "replica") -> None:
+        self.actor = actor
+        self.prefix = prefix
+        self.name = name
+
+    @property
+    def generate(self) -> Any:
+        """The actor method: ``await handle.generate.remote(request_id, prompt_ids=..., sampling_params=...)``."""
+        return getattr(self.actor, f"{self.prefix}generate")
+
+    @property
+    def abort_requests(self) -> Any:
+        return getattr(self.actor, f"{self.prefix}abort_requests")
+
+    def __repr__(self) -> str:
+        return f"ServerHandle({self.name})"
+
+
+class AsyncLLMServerManager:
+    """Routes requests over the rollout replicas (see the module docstring).
+
+    Args:
+        config: the trainer config (kept for subclasses, as in veRL).
+        server_handles: one handle per replica, each with ``generate.remote(...)`` (and ``abort_requests.remote``).
+        max_cache_size: conversations remembered for stickiness.
+    """
+
+    def __init__(self, config: Any, server_handles: Sequence[Any], max_cache_size: int = 10000) -> None:
+        if not server_handles:
+            raise ValueError("AsyncLLMServerManager needs at least one rollout server")
+        self.config = config
+        self.server_handles = list(server_handles)
+        self.max_cache_size = max_cache_size
+        self.outstanding = [0] * len(self.server_handles)
+        self._sticky: collections.OrderedDict[str, tuple[int, int]] = collections.OrderedDict()  # id → server, turns
+        self._in_flight: dict[str, str] = {}  # conversation id → its server-side id in flight
+
+    def _choose_server(self, request_id: str) -> tuple[int, int]:
+        """(replica index, turn number) for the next turn of conversation ``request_id``."""
+        if request_id in self._sticky:
+            server, turns = self._sticky.pop(request_id)
+        else:
+            server, turns = min(range(len(self.outstanding)), key=self.outstanding.__getitem__), 0
+        self._sticky[request_id] = (server, turns + 1)
+        while len(self._sticky) > self.max_cache_size:
+            self._sticky.popitem(last=False)
+        return server, turns
+
+    async def generate(
+        self,
+        request_id: str,
+        *,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        image_data: Any = None,
+        video_data: Any = None,
+    ) -> TokenOutput:
+        """Generate one turn of conversation ``request_id`` on its replica; returns the replica's ``TokenOutput``."""
+        server, turn = self._choose_server(request_id)
+        params = dict(sampling_params or {})
+        if turn and params.get("seed") is not None:
+            params["seed"] = sample_seed(int(params["seed"]), turn, 0, 0)
+        server_id = f"{request_id}/{turn}"
+        self.outstanding[server] += 1
+        self._in_flight[request_id] = server_id
+        try:
+            return await self.server_handles[server].generate.remote(
+                server_id,
+                prompt_ids=list(prompt_ids),
+                sampling_params=params,
+                image_data=image_data,
+                video_data=video_data,
+            )
+        finally:
+            self.outstanding[server] -= 1
+            if self._in_flight.get(request_id) == server_id:
+                del self._in_flight[request_id]
+
+    def server_of(self, request_id: str) -> int | None:
+        """The replica a conversation is pinned to (None: unknown or evicted)."""
+        entry = self._sticky.get(request_id)
+        return None if entry is None else entry[0]
+
+    async def abort(self, request_ids: Iterable[str] | None = None) -> dict[str, TokenOutput]:
+        """Abort conversations in flight (None: every one this manager sent); returns each one's partial output."""
+        wanted = list(self._in_flight) if request_ids is None else [r for r in request_ids if r in self._in_flight]
+        by_server: dict[int, dict[str, str]] = collections.defaultdict(dict)
+        for conversation in wanted:
+            server = self.server_of(conversation)
+            if server is not None:
+                by_server[server][self._in_flight[conversation]] = conversation
+        results = await asyncio.gather(
+            *(self.server_handles[s].abort_requests.remote(list(ids)) for s, ids in by_server.items())
+        )
+        out: dict[str, TokenOutput] = {}
+        for (_, ids), partial in zip(by_server.items(), results):
+            out.update({ids[server_id]: output for server_id, output in partial.items()})
+        return out
