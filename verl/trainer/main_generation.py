@@ -6,9 +6,10 @@ tokenizer's chat template, generates ``data.n_samples`` responses per prompt and
 
 The responses come from the trainer's own generation path: a `RayWorkerGroup` of ``trainer.n_gpus_per_node ×
 trainer.nnodes`` `ActorRolloutRefWorker` processes with ``role="rollout"`` (the engine ``rollout.name`` loads
-``model.path``), driven by the trainer's generation path: the `AgentLoopManager` with the single-turn agent loop. Prompts are left-padded the way `RLHFDataset` makes them (this module's ``GenerationPrompts`` is that dataset,
-checking only the prompt column and keeping every row), ``data.batch_size`` prompts at a time, each prompt repeated
-``n_samples`` times; sample ``j`` of prompt ``i`` (its row in the file) draws from the engine's random stream for
+``model.path``), driven by the trainer's generation path: the `AgentLoopManager` with the single-turn agent loop.
+Prompts are left-padded the way `RLHFDataset` makes them (this module's ``GenerationPrompts`` is that dataset, checking
+only the prompt column and keeping every row), ``data.batch_size`` prompts at a time, each prompt repeated ``n_samples``
+times; sample ``j`` of prompt ``i`` (its row in the file) draws from the engine's random stream for
 (``rollout.seed``, step 0, prompt ``i``, sample ``j``), so the output does not depend on the batch size or the
 number of workers.
 
@@ -320,9 +321,9 @@ def generate(config: DictConfig) -> str:
     tokenized while they load."""
     import pandas as pd
 
+    from verl.experimental.agent_loop import AgentLoopManager
     from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
     from verl.trainer.main_ppo import load_tokenizer
-    from verl.experimental.agent_loop import AgentLoopManager
     from verl.utils.import_utils import import_external_libs
     from verl.workers.fsdp_workers import ActorRolloutRefWorker
 

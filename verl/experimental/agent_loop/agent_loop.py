@@ -26,11 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "AgentLoopBase",
-    "AgentLoopManager",
     "AgentLoopMetrics",
     "AgentLoopOutput",
-    "AgentLoopWorker",
-    "AsyncLLMServerManager",
     "DictConfigWrap",
     "agent_loop_target",
     "load_agent_loop_configs",

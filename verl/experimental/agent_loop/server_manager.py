@@ -17,8 +17,8 @@ import collections
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from verl.workers.rollout.request import sample_seed
 from verl.workers.rollout.replica import TokenOutput
+from verl.workers.rollout.request import sample_seed
 
 __all__ = ["AsyncLLMServerManager", "ServerHandle"]
 
