@@ -35,7 +35,17 @@ COMMON = (
     "trainer.save_freq=1",
 )
 # what may differ between two runs of the same steps: wall-clock figures
-NOT_COMPARED = ("timing", "time", "throughput", "memory", "seconds")
+# timings, and the agent loops' per-sample timings (which sample is the slowest depends on timing too)
+NOT_COMPARED = (
+    "timing",
+    "time",
+    "throughput",
+    "memory",
+    "seconds",
+    "agent_loop/generate_sequences",
+    "agent_loop/tool_calls",
+    "agent_loop/slowest",
+)
 # present, finite floats at every step of a PPO run with a critic and a KL loss
 FINITE = (
     "actor/pg_loss",

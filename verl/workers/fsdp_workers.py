@@ -213,8 +213,10 @@ class ActorRolloutRefWorker(ProfiledWorker):
         sampling_params: dict[str, Any] | None = None,
         image_data: Any = None,
         video_data: Any = None,
+        wave: tuple[str, int, int] | None = None,
     ) -> Any:
-        """One request to this worker's rollout engine (veRL's server call): returns its ``TokenOutput``."""
+        """One request to this worker's rollout engine (veRL's server call): returns its ``TokenOutput``. ``wave``:
+        join the engine's batch with the other requests of that wave (see ``verl.workers.rollout.waves``)."""
         if not self._is_rollout:
             raise RuntimeError(f"generate on a worker of role {self.role!r}, which has no rollout engine")
         if self._rollout_asleep:
@@ -228,6 +230,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
             sampling_params=sampling_params,
             image_data=image_data,
             video_data=video_data,
+            wave=wave,
         )
 
     @server_method
@@ -236,12 +239,18 @@ class ActorRolloutRefWorker(ProfiledWorker):
         return await asyncio.to_thread(self.rollout.abort, request_ids)
 
     def _check_idle(self, what: str) -> None:
-        """Refuse a training call while generation requests are in flight in this process."""
+        """Refuse a training call while generation requests are in flight in any rank's engine (every rank decides
+        together, so no rank is left waiting in a collective)."""
         in_flight = self.rollout.num_requests() if self._is_rollout and hasattr(self, "rollout") else 0
-        if in_flight:
+        total = in_flight
+        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            count = torch.tensor([in_flight], dtype=torch.int64)
+            torch.distributed.all_reduce(count)
+            total = int(count)
+        if total:
             raise RuntimeError(
-                f"{what} on rank {self.rank} while {in_flight} generation request(s) are in flight: trainer.mode=sync "
-                "runs training calls only between generations"
+                f"{what}: {total} generation request(s) are in flight ({in_flight} on rank {self.rank}): "
+                "trainer.mode=sync runs training calls only between generations"
             )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -53,7 +53,7 @@ AWAY: dict[str, Any] = {
     "actor_rollout_ref.rollout.quantization_config_file": "/tmp/quant.json",
     "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": 4,
     "actor_rollout_ref.rollout.multi_turn.tool_config_path": "/tmp/tools.yaml",
-    "actor_rollout_ref.rollout.agent.default_agent_loop": "tool_agent",
+    "actor_rollout_ref.rollout.agent.custom_async_server.path": "/tmp/server.py",
     "actor_rollout_ref.rollout.trace.backend": "weave",
     "actor_rollout_ref.rollout.mtp": {"enable": True},
     "reward_model.strategy": "megatron",
@@ -186,26 +186,23 @@ def test_another_rollout_mode_is_one_problem_naming_the_key():
     assert any("temperature=-1" in p for p in problems), "the rest of the rollout section is still checked"
 
 
-@pytest.mark.parametrize(
-    ("override", "default"),
-    [
-        ("actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent", "single_turn_agent"),
-        ("actor_rollout_ref.rollout.agent.agent_loop_config_path=/tmp/loops.yaml", "null"),
-        ("actor_rollout_ref.rollout.agent.custom_async_server.path=/tmp/server.py", "null"),
-        ("actor_rollout_ref.rollout.agent.agent_loop_manager_class=my.Manager", "null"),
-    ],
-)
-def test_agent_keys_are_refused(override, default):
-    key = override.split("=", 1)[0]
-    (problem,) = [p for p in problems_of([override]) if p.startswith(key)]
-    assert "custom agent loops are not available yet (the AgentLoop)" in problem
-    assert problem.endswith(f"leave it at {default}")
-
-
-def test_agent_num_workers_only_warns(caplog):
-    with caplog.at_level(logging.WARNING):
-        validate_config(merged([*VALID, "actor_rollout_ref.rollout.agent.num_workers=2"]), check_environment=False)
-    assert "actor_rollout_ref.rollout.agent.num_workers=2 has no effect here" in caplog.text
+def test_agent_keys_are_read_and_checked(tmp_path):
+    agent = "actor_rollout_ref.rollout.agent"
+    loops = tmp_path / "loops.yaml"
+    loops.write_text("- name: mine\n  _target_: my_agents.Mine\n")
+    accepted = [
+        f"{agent}.num_workers=2",
+        f"{agent}.agent_loop_config_path={loops}",
+        f"{agent}.default_agent_loop=mine",
+        f"{agent}.agent_loop_manager_class=my.Manager",
+    ]
+    validate_config(merged([*VALID, *accepted]), check_environment=False)
+    (problem,) = [p for p in problems_of([f"{agent}.default_agent_loop=tool_agent"]) if p.startswith(agent)]
+    assert "default_agent_loop='tool_agent': no agent loop of that name" in problem and "single_turn_agent" in problem
+    (problem,) = problems_of([f"{agent}.agent_loop_config_path={tmp_path}/gone.yaml"], check_environment=True)
+    assert problem.endswith("gone.yaml': no such file")
+    (problem,) = [p for p in problems_of([f"{agent}.custom_async_server.path=/tmp/server.py"]) if p.startswith(agent)]
+    assert "custom rollout server classes are not supported" in problem
 
 
 def test_vllm_with_tensor_parallel_two_is_refused_before_ray_starts():

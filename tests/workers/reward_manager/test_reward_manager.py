@@ -88,6 +88,16 @@ class TestNaive:
         with_mask = manager(make_batch(SAMPLES))
         assert torch.equal(manager(make_batch(SAMPLES, response_mask=False)), with_mask)
 
+    def test_multi_turn_tokens_masked_out_of_response_mask_still_count(self, tokenizer, make_batch):
+        """Tool tokens (response_mask 0 inside the response) are part of the response: the score goes to the last
+        response token of the attention mask (veRL)."""
+        manager = NaiveRewardManager(tokenizer, 0, num_workers=0)
+        batch = make_batch(SAMPLES)
+        expected = manager(batch)
+        batch.batch["response_mask"] = batch.batch["response_mask"].clone()
+        batch.batch["response_mask"][:, 0] = 0  # the first response token came from a tool
+        assert torch.equal(manager(batch), expected)
+
     def test_the_function_sees_decoded_text_extra_info_and_kwargs(self, tokenizer, make_batch, user_file):
         fn = FileFunction(user_file, "echo")
         manager = NaiveRewardManager(tokenizer, 0, compute_score=fn, num_workers=0, bonus=5)

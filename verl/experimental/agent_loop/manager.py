@@ -21,12 +21,15 @@ from typing import Any
 
 import ray
 import torch
+from ray.exceptions import RayActorError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from verl.experimental.agent_loop.postprocess import agent_loop_metrics
 from verl.experimental.agent_loop.server_manager import ServerHandle
 from verl.experimental.agent_loop.worker import AgentLoopWorker
 from verl.protocol import DataProto
+from verl.single_controller.ray.base import WorkerDiedError
+from verl.workers.config.builders import build_rollout_config
 
 __all__ = ["AgentLoopManager", "sample_indices"]
 
@@ -95,6 +98,7 @@ class AgentLoopManager:
 
             tokenizer = hf_tokenizer(config.actor_rollout_ref.model.path)
         self.config = config
+        self.rollout_config = build_rollout_config(config.actor_rollout_ref.rollout)  # typed, defaults filled
         self.worker_group = worker_group
         self.tokenizer = tokenizer
         self.step = step or (lambda: 0)
@@ -108,7 +112,7 @@ class AgentLoopManager:
         self._init_agent_loop_workers(reward_fn, val_reward_fn)
 
     def _num_workers(self) -> int:
-        configured = self.config.actor_rollout_ref.rollout.agent.get("num_workers")
+        configured = self.rollout_config.agent.num_workers
         if configured is not None:
             return int(configured)
         if ray.cluster_resources().get("GPU", 0) > 0:
@@ -155,10 +159,13 @@ class AgentLoopManager:
             gen.batch["sample_index"] = sample_indices(gen.batch["prompt_index"])
         self.wake_up()
         pieces = _split(gen, len(self.agent_loop_workers))
-        outputs = ray.get(
-            [worker.generate_sequences.remote(piece) for worker, piece in zip(self.agent_loop_workers, pieces)]
-        )
-        if self.config.actor_rollout_ref.rollout.free_cache_engine:
+        refs = [worker.generate_sequences.remote(piece) for worker, piece in zip(self.agent_loop_workers, pieces)]
+        try:
+            outputs = ray.get(refs)
+        except (RayTaskError, RayActorError) as e:
+            self._raise_if_a_server_died(e)
+            raise
+        if self.rollout_config.free_cache_engine:
             self.sleep()
         metas = [out.meta_info for out in outputs]
         for out in outputs:
@@ -181,7 +188,7 @@ class AgentLoopManager:
     def generate_sequences_per_prompt(self, prompts: DataProto) -> DataProto:
         """veRL's older ``actor_rollout_wg.generate_sequences(prompts)``: ``n`` responses per prompt row
         (``meta_info["n"]``, else ``val_kwargs.n`` when validating, else ``rollout.n``), rows repeated in place."""
-        rollout = self.config.actor_rollout_ref.rollout
+        rollout = self.rollout_config
         n = prompts.meta_info.get("n")
         if n is None:
             n = rollout.val_kwargs.n if prompts.meta_info.get("validate", False) else rollout.n
@@ -189,6 +196,21 @@ class AgentLoopManager:
         if "prompt_index" not in prompts.batch.keys():
             prompts.batch["prompt_index"] = torch.arange(len(prompts))
         return self.generate_sequences(prompts.repeat(int(n), interleave=True))
+
+    def _raise_if_a_server_died(self, error: BaseException) -> None:
+        """A generation failed: when a rollout worker is dead, say which (a ``WorkerDiedError`` naming it)."""
+        dead = []
+        for rank, handle in enumerate(self.server_handles):
+            try:
+                ray.get(handle.actor.__ray_call__.remote(_node_id), timeout=30)
+            except (RayActorError, ray.exceptions.GetTimeoutError):
+                dead.append(rank)
+        if dead:
+            names = ", ".join(self.server_handles[rank].name for rank in dead)
+            raise WorkerDiedError(
+                f"worker group {self.worker_group.name_prefix!r}: {names} died while running 'generate' (a rollout "
+                f"server of the agent loops): {error}"
+            ) from error
 
     # ------------------------------------------------------------------ memory
     def wake_up(self) -> None:

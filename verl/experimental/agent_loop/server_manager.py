@@ -8,13 +8,19 @@
   two requests with one id; :meth:`abort` maps a conversation to its turn in flight.
 - **Seeds per turn**: a seeded conversation keeps its ``seed`` for turn 0 and derives a fresh one for each later
   turn (same conversation, same turns → same tokens).
+- **Waves**: requests issued inside :meth:`AsyncLLMServerManager.wave` (the agent-loop worker opens one around
+  the start of a batch, so every loop's first request is in it) are sent as one wave per replica
+  (:mod:`verl.workers.rollout.waves`): each replica admits its share together, in the order the loops asked — the
+  same batch on every run, whatever the Ray call timing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Iterable, Sequence
+import contextlib
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from verl.workers.rollout.replica import TokenOutput
@@ -68,6 +74,24 @@ class AsyncLLMServerManager:
         self.outstanding = [0] * len(self.server_handles)
         self._sticky: collections.OrderedDict[str, tuple[int, int]] = collections.OrderedDict()  # id → server, turns
         self._in_flight: dict[str, str] = {}  # conversation id → its server-side id in flight
+        self._parked: list[tuple[int, asyncio.Future]] | None = None  # inside wave(): (server, its wave tag)
+
+    @contextlib.contextmanager
+    def wave(self) -> Iterator[None]:
+        """Requests issued while this is open wait; on exit each replica's share is sent as one wave (index = the
+        order they were issued)."""
+        self._parked = []
+        try:
+            yield
+        finally:
+            parked, self._parked = self._parked, None
+            sizes = collections.Counter(server for server, _ in parked)
+            ids = {server: uuid.uuid4().hex for server in sizes}
+            seen: collections.Counter = collections.Counter()
+            for server, tag in parked:
+                if not tag.done():
+                    tag.set_result((ids[server], seen[server], sizes[server]))
+                seen[server] += 1
 
     def _choose_server(self, request_id: str) -> tuple[int, int]:
         """(replica index, turn number) for the next turn of conversation ``request_id``."""
@@ -98,12 +122,18 @@ class AsyncLLMServerManager:
         self.outstanding[server] += 1
         self._in_flight[request_id] = server_id
         try:
+            extra = {}
+            if self._parked is not None:  # inside a wave: sent when it closes, with its place in the wave
+                tag = asyncio.get_running_loop().create_future()
+                self._parked.append((server, tag))
+                extra["wave"] = await tag
             return await self.server_handles[server].generate.remote(
                 server_id,
                 prompt_ids=list(prompt_ids),
                 sampling_params=params,
                 image_data=image_data,
                 video_data=video_data,
+                **extra,
             )
         finally:
             self.outstanding[server] -= 1

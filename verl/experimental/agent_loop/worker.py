@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 from typing import Any
 
@@ -30,6 +31,7 @@ from verl.experimental.agent_loop.agent_loop import (
 from verl.experimental.agent_loop.postprocess import SampleResult, pad_sample, samples_to_batch
 from verl.experimental.agent_loop.server_manager import AsyncLLMServerManager
 from verl.protocol import DataProto
+from verl.workers.config.builders import build_rollout_config
 from verl.workers.reward_manager.abstract import RewardFunctionError, align_extra_info
 from verl.workers.rollout.request import as_id_list, sample_seed
 
@@ -63,6 +65,7 @@ class AgentLoopWorkerBase:
         from verl.utils.tokenizer import hf_tokenizer
 
         self.config = config if isinstance(config, DictConfig) else OmegaConf.create(config)
+        self.rollout_config = build_rollout_config(self.config.actor_rollout_ref.rollout)  # typed, defaults filled
         if not hasattr(self, "server_manager"):  # a recipe's subclass may bring its own
             self.server_manager = AsyncLLMServerManager(self.config, server_handles)
         model = self.config.actor_rollout_ref.model
@@ -74,16 +77,15 @@ class AgentLoopWorkerBase:
         self.processor = None  # text models: the engines take no multi-modal inputs
         self.data_config = self.config.get("data") or OmegaConf.create({})
         self.dataset_cls = _dataset_class(self.data_config)
-        agent = self.config.actor_rollout_ref.rollout.agent
-        if agent.get("agent_loop_config_path"):
-            load_agent_loop_configs(agent.agent_loop_config_path)
+        if self.rollout_config.agent.agent_loop_config_path:
+            load_agent_loop_configs(self.rollout_config.agent.agent_loop_config_path)
         self.reward_fns = {False: _quiet(reward_fn), True: _quiet(val_reward_fn)}
         self._scoring = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-loop-reward")
 
     # ------------------------------------------------------------------ the batch
     async def generate_sequences(self, batch: DataProto) -> DataProto:
         """Run every sample of ``batch`` (prompt rows, one sample each) and return the rollout batch."""
-        rollout = self.config.actor_rollout_ref.rollout
+        rollout = self.rollout_config
         meta = batch.meta_info
         validate = bool(meta.get("validate", False))
         params, greedy = self._sampling_params(meta)
@@ -102,6 +104,9 @@ class AgentLoopWorkerBase:
                 prompt, sample = (int(batch.batch[k][i]) for k in ("prompt_index", "sample_index"))
                 sample_params["seed"] = sample_seed(rollout.seed, step, prompt, sample)
             tasks.append(asyncio.create_task(self._run_sample(names[i], sample_params, fields, validate)))
+        # every loop runs to its first await: the first requests of all of them go out as one wave per replica
+        with getattr(self.server_manager, "wave", contextlib.nullcontext)():
+            await asyncio.sleep(0)
         try:
             results = await asyncio.gather(*tasks)
         except BaseException:
@@ -112,7 +117,7 @@ class AgentLoopWorkerBase:
         return self._join(results, validate)
 
     def _sampling_params(self, meta: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        rollout = self.config.actor_rollout_ref.rollout
+        rollout = self.rollout_config
         source = rollout.val_kwargs if meta.get("validate", False) else rollout
         do_sample = meta.get("do_sample", source.do_sample)
         greedy = not do_sample or source.temperature == 0
@@ -147,7 +152,7 @@ class AgentLoopWorkerBase:
                 f"agent loop {agent_name!r} ({type(loop).__qualname__}.run) returned {type(output).__name__}, "
                 "not an AgentLoopOutput"
             )
-        rollout = self.config.actor_rollout_ref.rollout
+        rollout = self.rollout_config
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         tensors = pad_sample(output, agent_name, rollout.prompt_length, rollout.response_length, int(pad or 0))
         result = SampleResult(agent_name, output, tensors)

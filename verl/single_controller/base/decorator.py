@@ -43,11 +43,11 @@ _SERVER_ATTR = "_verl_server_method"
 
 def server_method(func: Callable) -> Callable:
     """Mark a worker method as a *server* method: called per request on one actor (not through the worker group's
-    dispatch), in the actor's own concurrency group :data:`SERVER_GROUP`, so that many requests are in flight at
-    once while the registered methods keep running one at a time. The method should be ``async`` (an awaiting
-    request then holds no thread)."""
+    dispatch). An ``async`` one: each request in flight is an awaiting coroutine. Started by our worker groups
+    (``remote_worker_class``), the actor runs them in its own concurrency group :data:`SERVER_GROUP` (their own
+    event loop), so that requests are served while a registered method runs; in an actor a user made with a plain
+    ``ray.remote(cls)`` they share the default group's loop, and still many are in flight at once."""
     setattr(func, _SERVER_ATTR, True)
-    func.__ray_concurrency_group__ = SERVER_GROUP
     return func
 
 

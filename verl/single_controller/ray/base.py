@@ -332,11 +332,34 @@ class RayClassWithInitArgs(ClassWithInitArgs):
 
 
 def remote_worker_class(cls: type) -> Any:
-    """``ray.remote(cls)``, with the concurrency group of its :func:`server_method` s when it has any (they then
-    serve many requests at once on their own event loop; the registered methods still run one at a time)."""
-    if server_methods(cls):
-        return ray.remote(concurrency_groups={SERVER_GROUP: SERVER_CONCURRENCY})(cls)
-    return ray.remote(cls)
+    """``ray.remote(cls)``; a class with :func:`server_method` s gets a subclass whose server methods run in the
+    concurrency group :data:`SERVER_GROUP` (many requests at once on their own event loop, while the registered
+    methods still run one at a time in the default group)."""
+    names = server_methods(cls)
+    if not names:
+        return ray.remote(cls)
+    namespace: dict[str, Any] = {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
+    for name in names:
+        namespace[name] = _in_server_group(getattr(cls, name))
+    served = type(cls.__name__, (cls,), namespace)
+    return ray.remote(concurrency_groups={SERVER_GROUP: SERVER_CONCURRENCY})(served)
+
+
+def _in_server_group(func: Any) -> Any:
+    """``func`` (a server method) as a method of the concurrency group :data:`SERVER_GROUP`."""
+    if inspect.iscoroutinefunction(func):
+
+        async def method(self, *args, **kwargs):
+            return await func(self, *args, **kwargs)
+
+    else:
+
+        def method(self, *args, **kwargs):
+            return func(self, *args, **kwargs)
+
+    method.__name__ = func.__name__
+    method.__ray_concurrency_group__ = SERVER_GROUP
+    return server_method(method)
 
 
 # a task in a module that imports nothing heavy: the worker that runs it starts in well under a second

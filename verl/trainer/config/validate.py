@@ -12,6 +12,7 @@ modules.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import logging
@@ -227,6 +228,41 @@ def _rollout(config: Any, problems: list[str]) -> None:
         )
 
 
+def _agent_loops(config: Any, problems: list[str], check_environment: bool) -> None:
+    """``rollout.agent.default_agent_loop`` names a registered loop or one of ``agent_loop_config_path``'s entries
+    (the file is read, its targets are imported by the agent-loop workers)."""
+    from verl.experimental.agent_loop.agent_loop import registered_agent_loops
+    from verl.utils.import_utils import import_external_libs
+
+    agent = config.actor_rollout_ref.rollout.agent
+    key = "actor_rollout_ref.rollout.agent"
+    if check_environment:
+        with contextlib.suppress(Exception):  # a bad external_lib is reported by _external_libs
+            import_external_libs(config.actor_rollout_ref.model.get("external_lib"))
+    names = set(registered_agent_loops())
+    path = agent.get("agent_loop_config_path")
+    if path:
+        if not os.path.isfile(path):
+            if check_environment:
+                problems.append(f"{key}.agent_loop_config_path={path!r}: no such file")
+            return
+        try:
+            entries = OmegaConf.load(path)
+        except Exception as e:  # noqa: BLE001 - any parse error is reported with the file
+            problems.append(f"{key}.agent_loop_config_path={path!r}: not a YAML file: {e}")
+            return
+        if not isinstance(entries, ListConfig) or not all(isinstance(e, DictConfig) and e.get("name") for e in entries):
+            problems.append(f"{key}.agent_loop_config_path={path!r}: must hold a list of {{name, _target_}} entries")
+            return
+        names.update(str(entry.name) for entry in entries)
+    default = agent.default_agent_loop
+    if default not in names:
+        problems.append(
+            f"{key}.default_agent_loop={default!r}: no agent loop of that name; registered: {sorted(names)} (add it "
+            f"with {key}.agent_loop_config_path or @register in actor_rollout_ref.model.external_lib)"
+        )
+
+
 def _profiler(config: Any, problems: list[str]) -> None:
     profiler = config.get("global_profiler") or {}
     tool = profiler.get("tool")
@@ -405,6 +441,7 @@ def validate_config(config: DictConfig, check_environment: bool = True, schema: 
     _sizes(cfg, problems)
     _trainer(cfg, problems)
     _rollout(cfg, problems)
+    _agent_loops(cfg, problems, check_environment)
     _profiler(cfg, problems)
     report_unread(config, problems, base)
     _estimator(cfg, problems)

@@ -1,7 +1,7 @@
 """What every reward manager shares: decode a rollout batch, score it safely, place the scores.
 
 A manager is called as ``manager(data, return_dict=False)`` on a rollout ``DataProto`` (``prompts``, ``responses``,
-``attention_mask``, optionally ``response_mask``; ``non_tensor_batch`` with ``data_source`` (``reward_fn_key``),
+``attention_mask`` (its response part marks the valid response tokens); ``non_tensor_batch`` with ``data_source`` (``reward_fn_key``),
 ``reward_model`` (``{"ground_truth": ...}``) and ``extra_info``) and returns:
 
 - ``reward_tensor`` (bs, response_length), float32: each sample's score at its last valid response token, 0 elsewhere;
@@ -187,11 +187,9 @@ class AbstractRewardManager:
         responses = data.batch["responses"]
         width = responses.shape[-1]
         attention = data.batch["attention_mask"]
-        if "response_mask" in data.batch.keys():
-            response_mask = data.batch["response_mask"]
-        else:
-            response_mask = attention[:, -width:]
-        valid_lengths = response_mask.sum(-1).tolist()
+        # every response token counts, the model's and (multi-turn) the tools' alike (response_mask marks only the
+        # model's): the score goes to the last one, as in veRL
+        valid_lengths = attention[:, -width:].sum(-1).tolist()
         prompt_tokens = data.batch["prompts"] if "prompts" in data.batch.keys() else data.batch["input_ids"][:, :-width]
         prompt_mask = attention[:, : prompt_tokens.shape[-1]].bool()
         prompt_ids = [prompt_tokens[i][prompt_mask[i]].tolist() for i in range(len(data))]

@@ -1,0 +1,355 @@
+"""The AgentLoop for real: 2 hybrid Ray workers (FSDP2 on gloo + the hf engine, the demo model) serving requests,
+the agent-loop worker actor, veRL-style user loops from a YAML file, and ``main_ppo`` training through a user loop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import ray
+import torch
+from omegaconf import OmegaConf
+
+from verl.experimental.agent_loop import AgentLoopManager, AgentLoopOutput, AsyncLLMServerManager, DictConfigWrap
+from verl.experimental.agent_loop.agent_loop import agent_loop_target, load_agent_loop_configs
+from verl.experimental.agent_loop.server_manager import ServerHandle
+from verl.protocol import DataProto
+from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+from verl.single_controller.ray.base import create_colocated_worker_cls
+from verl.utils.dataset.rl_dataset import collate_fn, create_rl_dataset
+from verl.utils.demo import ensure_demo_assets
+from verl.utils.tokenizer import hf_tokenizer
+from verl.workers.fsdp_workers import ActorRolloutRefWorker
+from verl.workers.reward_manager import NaiveRewardManager
+
+HERE = Path(__file__).parent
+PROMPT_LEN, RESPONSE_LEN, ROWS = 32, 48, 6
+TIMEOUT_S = 600
+
+
+# ---------------------------------------------------------------------------------------------- no Ray needed
+def test_agent_loop_output_accepts_veRL_forms_and_rejects_bad_lengths():
+    metrics = {"generate_sequences": 1.5}
+    out = AgentLoopOutput(prompt_ids=[1], response_ids=[2, 3], response_mask=[1, 0], metrics=metrics)
+    assert out.metrics.generate_sequences == 1.5 and out.metrics.tool_calls == 0.0 and out.num_turns == 0
+    with pytest.raises(ValueError, match="response_mask has 1 entries for 2 response_ids"):
+        AgentLoopOutput(prompt_ids=[1], response_ids=[2, 3], response_mask=[1])
+    with pytest.raises(ValueError, match="response_logprobs has 1 entries"):
+        AgentLoopOutput(prompt_ids=[1], response_ids=[2, 3], response_mask=[1, 1], response_logprobs=[0.0])
+
+
+def test_agent_loop_yaml_errors_name_the_file_and_entry(tmp_path):
+    with pytest.raises(ValueError, match="not registered.*single_turn_agent"):
+        agent_loop_target("nobody")
+    with pytest.raises(FileNotFoundError, match="agent_loop_config_path='/nope.yaml'"):
+        load_agent_loop_configs("/nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- name: x\n")
+    with pytest.raises(ValueError, match=r"bad.yaml.*entry 0 needs 'name' and '_target_'"):
+        load_agent_loop_configs(str(bad))
+    bad.write_text("- name: x\n  _target_: no_such_module.Loop\n")
+    with pytest.raises(ImportError, match=r"entry 0 \(x\): cannot import 'no_such_module.Loop'"):
+        load_agent_loop_configs(str(bad))
+    bad.write_text("- name: x\n  _target_: collections.OrderedDict\n")
+    with pytest.raises(TypeError, match="not an AgentLoopBase subclass"):
+        load_agent_loop_configs(str(bad))
+
+
+# ---------------------------------------------------------------------------------------------- the servers
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    return ensure_demo_assets(tmp_path_factory.mktemp("agent_loop") / "cache")
+
+
+def write_loops_yaml(folder: Path, module: str) -> str:
+    """The user loops listed in a YAML file, as ``<module>.<Class>``."""
+    path = folder / "agent_loops.yaml"
+    path.write_text(
+        textwrap.dedent(
+            f"""\
+            - name: two_turn
+              _target_: {module}.TwoTurnAgentLoop
+              observation: " ok"
+            - name: short_first
+              _target_: {module}.ShortFirstAgentLoop
+            - name: self_scored
+              _target_: {module}.SelfScoredAgentLoop
+            """
+        )
+    )
+    return str(path)
+
+
+def trainer_config(model_path: str, loops_yaml: str | None = None):
+    return OmegaConf.create(
+        {
+            "actor_rollout_ref": {
+                "model": {"path": model_path, "enable_gradient_checkpointing": False},
+                "actor": {
+                    "strategy": "fsdp2",
+                    "ppo_mini_batch_size": 2,
+                    "ppo_micro_batch_size_per_gpu": 2,
+                    "fsdp_config": {"dtype": "float32"},
+                    "use_kl_loss": False,
+                },
+                "rollout": {
+                    "name": "hf",
+                    "dtype": "float32",
+                    "n": 2,
+                    "prompt_length": PROMPT_LEN,
+                    "response_length": RESPONSE_LEN,
+                    "max_model_len": 512,
+                    "log_prob_micro_batch_size_per_gpu": 4,
+                    "free_cache_engine": False,
+                    "seed": 7,
+                    "agent": {"agent_loop_config_path": loops_yaml},
+                },
+            },
+            "data": {"max_prompt_length": PROMPT_LEN},
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def hybrid(ray_cluster, assets, tmp_path_factory):
+    """2 fused actor_rollout workers (as the trainer builds them) and an agent-loop manager over them. The Ray
+    workers import the user loops' module from the checkout (their working directory is the session's)."""
+    loops = write_loops_yaml(tmp_path_factory.mktemp("loops"), "tests.experimental.user_agent_loops")
+    config = trainer_config(assets.model_path, loops)
+    pool = RayResourcePool([2], use_gpu=False, max_colocate_count=1)
+    cls = RayClassWithInitArgs(ActorRolloutRefWorker, config=config.actor_rollout_ref, role="actor_rollout")
+    fused = create_colocated_worker_cls({"actor_rollout": cls})
+    wg = RayWorkerGroup(pool, fused, name_prefix="agentloop_").spawn(["actor_rollout"])["actor_rollout"]
+    wg.init_model()
+    manager = AgentLoopManager(config, wg, tokenizer=hf_tokenizer(assets.model_path))
+    yield config, wg, manager
+    wg.shutdown()
+    pool.release()
+
+
+def prompt_batch(assets, rows: int = ROWS, **columns) -> DataProto:
+    tokenizer = hf_tokenizer(assets.model_path)
+    data_config = OmegaConf.create({"max_prompt_length": PROMPT_LEN})
+    dataset = create_rl_dataset(assets.val_files, data_config, tokenizer, is_train=False, max_samples=rows)
+    batch = DataProto.from_single_dict(collate_fn([dataset[i] for i in range(rows)]))
+    for key, values in columns.items():
+        batch.non_tensor_batch[key] = np.array(values, dtype=object)
+    batch.meta_info = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
+    return batch
+
+
+def engine_batch_call(wg, rank: int, rows: DataProto) -> DataProto:
+    """The engine's own batch call (``generate_sequences``) on one rank, bypassing the group's dispatch."""
+    return ray.get(getattr(wg.workers[rank], f"{wg.method_prefix}generate_sequences").remote(rows))
+
+
+def test_single_turn_agent_loop_equals_the_engines_batch_call(hybrid, assets):
+    """The AgentLoop path (manager → agent-loop worker → server manager → the workers' server methods) gives the
+    tokens and log-probs of the engines' own batch call on the same samples, bit for bit, sampled and greedy: the
+    first requests of a batch reach each replica as one wave, so each engine batches exactly what the batch call
+    batches (sample k goes to replica k % 2)."""
+    _, wg, manager = hybrid
+    for meta, n in (({"global_steps": 3}, 2), ({"global_steps": 3, "validate": True}, 1)):
+        prompts = prompt_batch(assets)
+        prompts.meta_info.update(meta)
+        looped = manager.generate_sequences_per_prompt(prompts)
+        assert len(looped) == ROWS * n
+        samples = prompts.select(batch_keys=["input_ids", "attention_mask", "position_ids"]).repeat(n)
+        samples.batch["prompt_index"] = torch.arange(len(samples)) // n
+        samples.batch["sample_index"] = torch.arange(len(samples)) % n
+        samples.meta_info["n"] = 1
+        for rank in (0, 1):
+            rows = list(range(rank, len(samples), 2))
+            direct = engine_batch_call(wg, rank, samples.select_idxs(rows))
+            for key in ("prompts", "responses", "attention_mask", "position_ids", "response_mask"):
+                assert torch.equal(looped.batch[key][rows], direct.batch[key]), (meta, rank, key)
+            assert torch.equal(looped.batch["rollout_log_probs"][rows], direct.batch["rollout_log_probs"])
+        assert list(looped.non_tensor_batch["__num_turns__"]) == [2] * len(looped)
+        metrics = looped.meta_info["metrics"]
+        assert metrics["agent_loop/generate_sequences/max"] >= metrics["agent_loop/generate_sequences/mean"] > 0
+        assert {"agent_loop/slowest/prompt_length", "agent_loop/num_preempted/mean"} <= set(metrics)
+        assert looped.meta_info["timing"]["generate_sequences"] > 0
+
+
+def test_server_manager_routes_least_loaded_keeps_conversations_and_aborts(hybrid, assets):
+    config, wg, manager = hybrid
+    handles = [ServerHandle(actor, wg.method_prefix, f"rank {i}") for i, actor in enumerate(wg.workers)]
+    prompt = prompt_batch(assets, rows=1).non_tensor_batch["raw_prompt_ids"][0]
+    long = {"max_tokens": 400, "ignore_eos": True, "temperature": 1.0, "seed": 1}
+
+    async def scenario():
+        servers = AsyncLLMServerManager(config, handles)
+
+        def start(conversation: str) -> asyncio.Task:
+            return asyncio.create_task(servers.generate(conversation, prompt_ids=prompt, sampling_params=long))
+
+        first = [start(f"c{i}") for i in range(4)]
+        await asyncio.sleep(0.3)
+        assert [servers.server_of(f"c{i}") for i in range(4)] == [0, 1, 0, 1] and servers.outstanding == [2, 2]
+        aborted = await servers.abort(["c0", "c3"])
+        assert sorted(aborted) == ["c0", "c3"]
+        outputs = await asyncio.gather(*first)
+        assert [o.stop_reason for o in outputs] == ["aborted", "completed", "completed", "aborted"]
+        assert len(outputs[0].token_ids) < 400 and len(outputs[1].token_ids) == 400
+        # a later turn of c0 stays on c0's server (0) although server 1 is the less loaded one now
+        others = [start(f"c{i}") for i in (4, 5, 6)]
+        await asyncio.sleep(0.1)
+        assert [servers.server_of(f"c{i}") for i in (4, 5, 6)] == [0, 1, 0] and servers.outstanding == [2, 1]
+        turn = asyncio.create_task(servers.generate("c0", prompt_ids=prompt, sampling_params={"max_tokens": 2}))
+        await asyncio.sleep(0)
+        assert servers.server_of("c0") == 0 and servers.outstanding == [3, 1]
+        assert (await turn).stop_reason == "completed"
+        await servers.abort(None)
+        assert [(await task).stop_reason for task in others] == ["aborted"] * 3
+
+    asyncio.run(scenario())
+
+
+def test_no_training_call_while_generation_is_in_flight(hybrid, assets):
+    _, wg, _ = hybrid
+    prompt = prompt_batch(assets, rows=1).non_tensor_batch["raw_prompt_ids"][0]
+    handle = ServerHandle(wg.workers[0], wg.method_prefix)
+    ref = handle.generate.remote("busy", prompt_ids=prompt, sampling_params={"max_tokens": 400, "ignore_eos": True})
+    time.sleep(0.3)
+    with pytest.raises(Exception, match=r"update_weights: 1 generation request\(s\) are in flight"):
+        wg.update_weights()
+    ray.get(handle.abort_requests.remote(["busy"]))
+    assert ray.get(ref).stop_reason == "aborted"
+    wg.update_weights()  # idle again: allowed
+
+
+def test_user_loops_from_yaml_mask_their_tokens_and_rewards_score_samples_as_they_finish(hybrid, assets, tmp_path):
+    config, wg, _ = hybrid
+    tokenizer = hf_tokenizer(assets.model_path)
+    stamps = tmp_path / "scored.jsonl"
+    reward_file = tmp_path / "reward.py"
+    reward_file.write_text(
+        textwrap.dedent(
+            f"""\
+            import json, time
+
+            def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+                with open({str(stamps)!r}, "a") as f:
+                    f.write(json.dumps({{"index": extra_info["index"], "at": time.time()}}) + "\\n")
+                return {{"score": 0.5, "length": len(solution_str)}}
+            """
+        )
+    )
+    from verl.utils.reward_score.custom import FileFunction
+
+    score = FileFunction(str(reward_file), "compute_score")
+    reward_fn = NaiveRewardManager(tokenizer, compute_score=score, num_workers=0)
+    manager = AgentLoopManager(config, wg, tokenizer=tokenizer, reward_fn=reward_fn)
+    names = ["short_first", "short_first", "short_first", "two_turn", "self_scored", "single_turn_agent"]
+    prompts = prompt_batch(assets, agent_name=names, short=[True] + [False] * (ROWS - 1))
+    index = list(prompts.non_tensor_batch["index"])
+    out = manager.generate_sequences(prompts)
+    b, nt = out.batch, out.non_tensor_batch
+    assert list(nt["__num_turns__"]) == [2, 2, 2, 3, 2, 2]
+    # two_turn: the observation's tokens are in the response but masked out (not generated), log-prob 0 there
+    cut = int(nt["observation_at"][3])
+    observation = tokenizer.encode(" ok", add_special_tokens=False)
+    assert b["responses"][3, cut : cut + len(observation)].tolist() == observation
+    assert b["response_mask"][3, cut : cut + len(observation)].tolist() == [0] * len(observation)
+    assert b["response_mask"][3, :cut].tolist() == [1] * cut
+    assert torch.all(b["rollout_log_probs"][3, cut : cut + len(observation)] == 0)
+    # rewards: at the last response token; the self-scored loop's own score, the reward function's for the rest
+    last = b["attention_mask"][:, PROMPT_LEN:].sum(-1) - 1
+    scores = b["rm_scores"][torch.arange(ROWS), last]
+    assert scores.tolist() == [0.5, 0.5, 0.5, 0.5, 0.25, 0.5] and b["rm_scores"].sum().item() == pytest.approx(2.75)
+    assert out.meta_info["reward_extra_keys"] == ["score", "length"] and nt["length"][4] == 0.0  # not scored by the fn
+    assert out.meta_info["metrics"]["reward/error_count"] == 0
+    scored = {row["index"]: row["at"] for row in map(json.loads, stamps.read_text().splitlines())}
+    assert sorted(scored) == sorted(index[i] for i in (0, 1, 2, 3, 5))
+    # the one-token sample was scored before the long ones had finished generating
+    assert scored[index[0]] < max(nt["generated_at"][1], nt["generated_at"][2])
+
+
+# ---------------------------------------------------------------------------------------------- main_ppo
+def test_main_ppo_trains_and_validates_through_a_user_agent_loop_from_yaml(tmp_path, assets):
+    """A veRL user's set-up: a parquet with an ``agent_name`` column, the loops listed in a YAML file, their module
+    on PYTHONPATH; nothing else."""
+    train = pd.read_parquet(assets.train_files).head(32)
+    train["agent_name"] = ["two_turn" if i % 2 else "single_turn_agent" for i in range(len(train))]
+    train.to_parquet(tmp_path / "train.parquet")
+    pd.read_parquet(assets.val_files).head(8).assign(agent_name="two_turn").to_parquet(tmp_path / "val.parquet")
+    log = tmp_path / "run.jsonl"
+    loops_yaml = write_loops_yaml(tmp_path, "user_agent_loops")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+        "VERL_FILE_LOGGER_PATH": str(log),
+        "RAY_AUTH_MODE": "disabled",
+    }
+    args = [
+        sys.executable,
+        "-m",
+        "verl.trainer.main_ppo",
+        f"actor_rollout_ref.model.path={assets.model_path}",
+        f"data.train_files={tmp_path / 'train.parquet'}",
+        f"data.val_files={tmp_path / 'val.parquet'}",
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops_yaml}",
+        "data.train_batch_size=8",
+        "data.shuffle=false",
+        "data.max_prompt_length=32",
+        "data.max_response_length=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+        "actor_rollout_ref.actor.use_kl_loss=false",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
+        "actor_rollout_ref.actor.fsdp_config.dtype=float32",
+        "actor_rollout_ref.rollout.name=hf",
+        "actor_rollout_ref.rollout.dtype=float32",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "algorithm.adv_estimator=grpo",
+        "trainer.n_gpus_per_node=1",
+        "trainer.total_training_steps=2",
+        "trainer.val_before_train=true",
+        "trainer.test_freq=2",
+        "trainer.logger=[console,file]",
+        f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+        f"hydra.run.dir={tmp_path / 'hydra'}",
+    ]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT_S, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    by_step = {r["step"]: r["data"] for r in map(json.loads, log.read_text().splitlines()) if r.get("data")}
+    for step in (1, 2):
+        data = by_step[step]
+        assert data["num_turns/mean"] == 2.5 and data["num_turns/max"] == 3, data
+        assert data["agent_loop/generate_sequences/max"] > 0 and "agent_loop/slowest/response_length" in data
+        assert np.isfinite(data["actor/pg_loss"]) and data["timing_s/update_actor"] > 0
+    assert any(key.startswith("val-core/") for key in by_step[0])  # validation generated through two_turn too
+
+
+def test_dict_config_wrap_and_data_config_name_reach_the_loop(assets):
+    from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
+
+    config = trainer_config(assets.model_path)
+
+    async def build():
+        loop = SingleTurnAgentLoop(
+            trainer_config=DictConfigWrap(config),
+            server_manager=None,
+            tokenizer=hf_tokenizer(assets.model_path),
+            processor=None,
+            dataset_cls=None,
+            data_config=DictConfigWrap(config.data),
+        )
+        ids = await loop.apply_chat_template([{"role": "user", "content": "What is 1 + 1?"}])
+        return loop, ids
+
+    loop, ids = asyncio.run(build())
+    assert loop.config is config and loop.data_config.max_prompt_length == PROMPT_LEN and loop.response_length == 8
+    assert ids == hf_tokenizer(assets.model_path).apply_chat_template(
+        [{"role": "user", "content": "What is 1 + 1?"}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
