@@ -53,8 +53,7 @@ def tree_commit(tree: str) -> str:
 def step_figures(steps: list[dict], warmup: int) -> dict[str, float]:
     timed = steps[warmup:]
     return {
-        key: statistics.median(s[f"timing_s/{key}"] for s in timed)
-        for key in ("step", "gen", "reward", "update_actor")
+        key: statistics.median(s[f"timing_s/{key}"] for s in timed) for key in ("step", "gen", "reward", "update_actor")
     }
 
 
@@ -80,7 +79,8 @@ def run_step_part(args: argparse.Namespace) -> None:
                     results.setdefault((label, name), []).append(step_figures(metrics, warmup))
                     print(f"{label} / {name}: {results[(label, name)][-1]}", flush=True)
         os.environ["PYTHONPATH"] = base_path
-    print(f"\nold tree: {trees['request path (old tree)']} at {tree_commit(args.old_tree)}; this tree at {tree_commit('.')}")
+    old_tree = trees["request path (old tree)"]
+    print(f"\nold tree: {old_tree} at {tree_commit(args.old_tree)}; this tree at {tree_commit('.')}")
     print("\n| workload | path | s/step | gen s | reward s | update_actor s | step vs request path |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for label, *_ in workloads:
@@ -130,7 +130,8 @@ def run_overhead_part(args: argparse.Namespace) -> None:
     }
     config = OmegaConf.create({"actor_rollout_ref": arr, "data": {}})
     pool = RayResourcePool([1], use_gpu=False, max_colocate_count=1)
-    wg = RayWorkerGroup(pool, RayClassWithInitArgs(ActorRolloutRefWorker, config=config.actor_rollout_ref, role="actor_rollout"))
+    worker = RayClassWithInitArgs(ActorRolloutRefWorker, config=config.actor_rollout_ref, role="actor_rollout")
+    wg = RayWorkerGroup(pool, worker)
     wg.init_model()
     manager = AgentLoopManager(config, wg, tokenizer=tokenizer)
     generator = torch.Generator().manual_seed(0)

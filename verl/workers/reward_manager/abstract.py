@@ -1,8 +1,8 @@
 """What every reward manager shares: decode a rollout batch, score it safely, place the scores.
 
 A manager is called as ``manager(data, return_dict=False)`` on a rollout ``DataProto`` (``prompts``, ``responses``,
-``attention_mask`` (its response part marks the valid response tokens); ``non_tensor_batch`` with ``data_source`` (``reward_fn_key``),
-``reward_model`` (``{"ground_truth": ...}``) and ``extra_info``) and returns:
+``attention_mask`` (its response part marks the valid response tokens); ``non_tensor_batch`` with ``data_source``
+(``reward_fn_key``), ``reward_model`` (``{"ground_truth": ...}``) and ``extra_info``) and returns:
 
 - ``reward_tensor`` (bs, response_length), float32: each sample's score at its last valid response token, 0 elsewhere;
 - with ``return_dict=True``: ``{"reward_tensor", "reward_extra_info", "reward_metrics"}``, where
