@@ -387,7 +387,13 @@ def test_vllm_engine_end_to_end(tmp_path):
         "actor_rollout_ref.rollout.name=vllm",
         "trainer.total_training_steps=2",
         "actor_rollout_ref.rollout.load_format=dummy",
+        "trainer.val_before_train=true",
+        "data.val_max_samples=8",
     )
     assert code == 0, output[-3000:]
-    assert len([r for r in records if r["data"]]) == 2 and "timing_s/gen" in records[-1]["data"]
+    logged = [r["data"] for r in records if r["data"]]
+    assert len(logged) == 3 and "timing_s/gen" in logged[-1]
+    # training and validation generated through the AgentLoop, on vLLM's engines
+    assert any(key.startswith("val-core/") for key in logged[0])
+    assert logged[-1]["agent_loop/generate_sequences/max"] > 0 and logged[-1]["num_turns/mean"] == 2
     assert records[-1]["data"]["training/rollout_probs_diff_max"] < 1e-3  # trainer and engine agree

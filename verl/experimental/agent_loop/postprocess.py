@@ -20,7 +20,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 from verl.protocol import DataProto
 from verl.workers.rollout.request import sequence_tensors
 
-__all__ = ["SampleResult", "agent_loop_metrics", "pad_sample", "samples_to_batch"]
+__all__ = ["SampleResult", "agent_loop_metrics", "object_column", "pad_sample", "samples_to_batch"]
 
 
 @dataclass
@@ -85,10 +85,10 @@ def samples_to_batch(results: Sequence[SampleResult]) -> DataProto:
     }
     reward_keys = _ordered_keys(r.reward_extra for r in results)
     for key in reward_keys:
-        non_tensors[key] = _column([r.reward_extra.get(key) for r in results])
+        non_tensors[key] = object_column([r.reward_extra.get(key) for r in results])
     for key in _ordered_keys(r.output.extra_fields for r in results):
         if key not in non_tensors:
-            non_tensors[key] = _column([r.output.extra_fields.get(key) for r in results])
+            non_tensors[key] = object_column([r.output.extra_fields.get(key) for r in results])
     versions = [v for r in results if isinstance(v := r.output.extra_fields.get("global_steps"), int)]
     meta: dict[str, Any] = {"reward_extra_keys": reward_keys}
     if versions:
@@ -103,7 +103,8 @@ def _ordered_keys(dicts: Any) -> list[str]:
     return keys
 
 
-def _column(values: list[Any]) -> np.ndarray:
+def object_column(values: list[Any]) -> np.ndarray:
+    """A 1-D numpy object array of ``values`` (lists and dicts stay whole)."""
     column = np.empty(len(values), dtype=object)
     column[:] = values
     return column

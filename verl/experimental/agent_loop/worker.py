@@ -28,7 +28,7 @@ from verl.experimental.agent_loop.agent_loop import (
     agent_loop_target,
     load_agent_loop_configs,
 )
-from verl.experimental.agent_loop.postprocess import SampleResult, pad_sample, samples_to_batch
+from verl.experimental.agent_loop.postprocess import SampleResult, object_column, pad_sample, samples_to_batch
 from verl.experimental.agent_loop.server_manager import AsyncLLMServerManager
 from verl.protocol import DataProto
 from verl.workers.config.builders import build_rollout_config
@@ -174,9 +174,9 @@ class AgentLoopWorkerBase:
         row = DataProto.from_dict(
             {k: v for k, v in result.tensors.items() if k != "rollout_log_probs"},
             {
-                **{k: _column(v) for k, v in fields.items() if k != "raw_prompt_ids"},
+                **{k: object_column([v]) for k, v in fields.items() if k != "raw_prompt_ids"},
                 "__num_turns__": np.array([result.output.num_turns], dtype=np.int32),
-                **{k: _column(v) for k, v in result.output.extra_fields.items()},
+                **{k: object_column([v]) for k, v in result.output.extra_fields.items()},
             },
         )
         loop = asyncio.get_running_loop()
@@ -203,12 +203,6 @@ class AgentLoopWorkerBase:
                 "reward/timeout_count": timeouts,
             }
         return out
-
-
-def _column(value: Any) -> np.ndarray:
-    column = np.empty(1, dtype=object)
-    column[0] = value
-    return column
 
 
 def _score_row(fn: Any, row: DataProto) -> tuple[torch.Tensor, dict[str, Any]]:
