@@ -112,6 +112,7 @@ def run_overhead_part(args: argparse.Namespace) -> None:
 
     assets = ensure_demo_assets()
     tokenizer = hf_tokenizer(assets.model_path)
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(num_cpus=4, include_dashboard=False, runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled"}})
     arr = {
         "model": {"path": assets.model_path, "enable_gradient_checkpointing": False},

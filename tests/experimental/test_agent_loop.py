@@ -64,6 +64,27 @@ def test_agent_loop_yaml_errors_name_the_file_and_entry(tmp_path):
         load_agent_loop_configs(str(bad))
 
 
+def test_agent_loop_manager_class_replaces_the_manager():
+    from types import SimpleNamespace
+
+    from verl.trainer.ppo.rollout_manager import create_rollout_manager
+
+    config = OmegaConf.create(
+        {"actor_rollout_ref": {"rollout": {"agent": {"agent_loop_manager_class": "user_agent_loops.RecordingManager"}}}}
+    )
+    group = SimpleNamespace(generate_sequences="the engines' batch call")
+    sys.path.insert(0, str(HERE))
+    try:
+        manager = create_rollout_manager(config, group, tokenizer=None, step=lambda: 0)
+    finally:
+        sys.path.remove(str(HERE))
+    assert type(manager).__name__ == "RecordingManager" and manager.worker_group is group and manager.config is config
+    assert group.generate_sequences == "the engines' batch call"  # a manager without the per-prompt call: untouched
+    config.actor_rollout_ref.rollout.agent.agent_loop_manager_class = "user_agent_loops.Nope"
+    with pytest.raises(ImportError, match="agent_loop_manager_class='user_agent_loops.Nope' cannot be imported"):
+        create_rollout_manager(config, group, tokenizer=None, step=lambda: 0)
+
+
 # ---------------------------------------------------------------------------------------------- the servers
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
@@ -349,7 +370,8 @@ def test_dict_config_wrap_and_data_config_name_reach_the_loop(assets):
         return loop, ids
 
     loop, ids = asyncio.run(build())
-    assert loop.config is config and loop.data_config.max_prompt_length == PROMPT_LEN and loop.response_length == 8
+    assert loop.config is config and loop.data_config.max_prompt_length == PROMPT_LEN
+    assert loop.response_length == RESPONSE_LEN
     assert ids == hf_tokenizer(assets.model_path).apply_chat_template(
         [{"role": "user", "content": "What is 1 + 1?"}], add_generation_prompt=True, tokenize=True, return_dict=False
     )

@@ -80,3 +80,13 @@ class SelfScoredAgentLoop(AgentLoopBase):
             reward_score=0.25,
             num_turns=2,
         )
+
+
+class RecordingManager:
+    """A veRL-style agent-loop manager of a user's own (``rollout.agent.agent_loop_manager_class``)."""
+
+    def __init__(self, config, worker_group=None):
+        self.config, self.worker_group = config, worker_group
+
+    def generate_sequences(self, prompts):
+        return prompts

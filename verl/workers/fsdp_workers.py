@@ -21,6 +21,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import torch
@@ -213,10 +214,34 @@ class ActorRolloutRefWorker(ProfiledWorker):
         sampling_params: dict[str, Any] | None = None,
         image_data: Any = None,
         video_data: Any = None,
-        wave: tuple[str, int, int] | None = None,
     ) -> Any:
-        """One request to this worker's rollout engine (veRL's server call): returns its ``TokenOutput``. ``wave``:
-        join the engine's batch with the other requests of that wave (see ``verl.workers.rollout.waves``)."""
+        """One request to this worker's rollout engine (veRL's server call): returns its ``TokenOutput``."""
+        self._check_serving(request_id)
+        return await self.rollout.generate(
+            request_id,
+            prompt_ids=prompt_ids,
+            sampling_params=sampling_params,
+            image_data=image_data,
+            video_data=video_data,
+        )
+
+    @server_method
+    async def generate_wave(self, requests: list[dict[str, Any]]) -> AsyncIterator[tuple[int, Any]]:
+        """Requests (``request_id``, ``prompt_ids``, ``sampling_params``) submitted to the engine together — one
+        batch, in this order — streaming ``(index, TokenOutput)`` as each finishes (call it with
+        ``num_returns="streaming"``)."""
+        self._check_serving(requests[0]["request_id"] if requests else "")
+        futures = self.rollout.submit_many(
+            [(r["request_id"], r["prompt_ids"], r.get("sampling_params"), None) for r in requests]
+        )
+        index = {asyncio.wrap_future(future): i for i, future in enumerate(futures)}
+        pending = set(index)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for future in done:
+                yield index[future], future.result()
+
+    def _check_serving(self, request_id: str) -> None:
         if not self._is_rollout:
             raise RuntimeError(f"generate on a worker of role {self.role!r}, which has no rollout engine")
         if self._rollout_asleep:
@@ -224,14 +249,6 @@ class ActorRolloutRefWorker(ProfiledWorker):
                 f"generate({request_id!r}) on rank {self.rank}: the rollout engine is asleep (its weights are "
                 "released); wake it first (wake_up)"
             )
-        return await self.rollout.generate(
-            request_id,
-            prompt_ids=prompt_ids,
-            sampling_params=sampling_params,
-            image_data=image_data,
-            video_data=video_data,
-            wave=wave,
-        )
 
     @server_method
     async def abort_requests(self, request_ids: list[str] | None = None) -> dict[str, Any]:

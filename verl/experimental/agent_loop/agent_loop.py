@@ -98,6 +98,7 @@ class DictConfigWrap:
 
     def __init__(self, config: Any) -> None:
         self.config = config
+        self.cache: dict[str, Any] = {}  # what loops derive from the config once (OmegaConf reads are slow)
 
 
 _DummyConfig = DictConfigWrap  # veRL's older name
@@ -133,19 +134,31 @@ class AgentLoopBase(ABC):
         **kwargs: Any,
     ) -> None:
         self.config = _unwrap(trainer_config)
-        data = _unwrap(dataset_config if dataset_config is not None else data_config)
-        if data is None:
-            data = self.config.get("data") or OmegaConf.create({})
+        self._wrap = trainer_config if isinstance(trainer_config, DictConfigWrap) else DictConfigWrap(self.config)
+        data_wrap = dataset_config if dataset_config is not None else data_config
+
+        def views() -> tuple[Any, Any, dict[str, Any]]:
+            data = _unwrap(data_wrap)
+            if data is None:
+                data = self.config.get("data") or OmegaConf.create({})
+            return data, self.config.actor_rollout_ref.rollout, dict(data.get("apply_chat_template_kwargs") or {})
+
+        data, self.rollout_config, self.apply_chat_template_kwargs = self.cached(("views", id(data_wrap)), views)
         self.data_config = self.dataset_config = data
-        self.rollout_config = self.config.actor_rollout_ref.rollout
         self.server_manager = server_manager
         self.tokenizer = tokenizer
         self.processor = processor
         self.dataset_cls = dataset_cls
-        self.apply_chat_template_kwargs = dict(data.get("apply_chat_template_kwargs") or {})
         self.loop = asyncio.get_running_loop()
         self._system_prompt: list[int] | None = None
         self.init_class(config=self.config, tokenizer=tokenizer, processor=processor, **kwargs)
+
+    def cached(self, key: Any, compute: Any) -> Any:
+        """``compute()``, once per trainer config (the worker builds a loop per sample from the same config)."""
+        cache = self._wrap.cache
+        if key not in cache:
+            cache[key] = compute()
+        return cache[key]
 
     @classmethod
     def init_class(cls, config: Any, tokenizer: Any, processor: Any, **kwargs: Any) -> None:

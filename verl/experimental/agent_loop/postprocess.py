@@ -20,24 +20,26 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 from verl.protocol import DataProto
 from verl.workers.rollout.request import sequence_tensors
 
-__all__ = ["SampleResult", "agent_loop_metrics", "object_column", "pad_sample", "samples_to_batch"]
+__all__ = ["SampleResult", "agent_loop_metrics", "object_column", "pad_sample", "rows_to_tensors", "samples_to_batch"]
 
 
 @dataclass
 class SampleResult:
-    """One finished sample: the loop's output, its padded tensors (one row each), and its reward once scored."""
+    """One finished sample: the loop's output, its padded rows (plain lists, see :func:`pad_sample`), and its reward
+    once scored."""
 
     agent_name: str
     output: AgentLoopOutput
-    tensors: dict[str, torch.Tensor]
+    rows: dict[str, list]
     reward: torch.Tensor | None = None  # (1, response_length)
     reward_extra: dict[str, Any] = field(default_factory=dict)
 
 
 def pad_sample(
     output: AgentLoopOutput, agent_name: str, prompt_length: int, response_length: int, pad_id: int
-) -> dict[str, torch.Tensor]:
-    """The sample's rows of the contract's tensors (batch dimension 1)."""
+) -> dict[str, list]:
+    """The sample's padded rows as lists: ``prompt_ids`` / ``prompt_mask`` (left-padded), ``responses`` /
+    ``response_valid`` / ``response_mask`` / ``log_probs`` (right-padded; ``log_probs`` None without log-probs)."""
     prompt, response = output.prompt_ids, output.response_ids
     if not prompt:
         raise ValueError(f"agent loop {agent_name!r} returned an empty prompt")
@@ -51,24 +53,39 @@ def pad_sample(
             f"agent loop {agent_name!r} returned {len(response)} response tokens, more than "
             f"actor_rollout_ref.rollout.response_length={response_length}"
         )
-    prompt_ids = torch.full((1, prompt_length), pad_id, dtype=torch.long)
-    prompt_mask = torch.zeros((1, prompt_length), dtype=torch.long)
-    prompt_ids[0, prompt_length - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-    prompt_mask[0, prompt_length - len(prompt) :] = 1
-    responses = torch.full((1, response_length), pad_id, dtype=torch.long)
-    valid = torch.zeros((1, response_length), dtype=torch.long)
-    mask = torch.zeros((1, response_length), dtype=torch.long)
-    log_probs = torch.zeros((1, response_length), dtype=torch.float32)
-    if response:
-        responses[0, : len(response)] = torch.tensor(response, dtype=torch.long)
-        valid[0, : len(response)] = 1
-        mask[0, : len(response)] = torch.tensor(output.response_mask, dtype=torch.long)
-        if output.response_logprobs is not None:
-            log_probs[0, : len(response)] = torch.tensor(output.response_logprobs, dtype=torch.float32)
-    tensors = sequence_tensors(prompt_ids, prompt_mask, responses, valid, mask, log_probs)
-    if output.response_logprobs is None:
+    left, right = prompt_length - len(prompt), response_length - len(response)
+    log_probs = output.response_logprobs
+    return {
+        "prompt_ids": [pad_id] * left + list(prompt),
+        "prompt_mask": [0] * left + [1] * len(prompt),
+        "responses": list(response) + [pad_id] * right,
+        "response_valid": [1] * len(response) + [0] * right,
+        "response_mask": list(output.response_mask) + [0] * right,
+        "log_probs": None if log_probs is None else list(log_probs) + [0.0] * right,
+    }
+
+
+def rows_to_tensors(rows: Sequence[dict[str, list]]) -> dict[str, torch.Tensor]:
+    """The contract's tensors of padded rows (``rollout_log_probs`` only when every row has log-probs)."""
+    ints = {key: torch.tensor([r[key] for r in rows], dtype=torch.long) for key in _INT_ROWS}
+    with_log_probs = all(r["log_probs"] is not None for r in rows)
+    log_probs = torch.tensor([r["log_probs"] if with_log_probs else [] for r in rows], dtype=torch.float32)
+    if not with_log_probs:
+        log_probs = torch.zeros(ints["responses"].shape)
+    tensors = sequence_tensors(
+        ints["prompt_ids"],
+        ints["prompt_mask"],
+        ints["responses"],
+        ints["response_valid"],
+        ints["response_mask"],
+        log_probs,
+    )
+    if not with_log_probs:
         del tensors["rollout_log_probs"]
     return tensors
+
+
+_INT_ROWS = ("prompt_ids", "prompt_mask", "responses", "response_valid", "response_mask")
 
 
 def samples_to_batch(results: Sequence[SampleResult]) -> DataProto:
@@ -77,7 +94,7 @@ def samples_to_batch(results: Sequence[SampleResult]) -> DataProto:
     if len(with_log_probs) > 1:
         missing = sorted({r.agent_name for r in results if r.output.response_logprobs is None})
         raise ValueError(f"agent loops {missing} returned no response_logprobs while others did (all or none)")
-    tensors = {key: torch.cat([r.tensors[key] for r in results]) for key in results[0].tensors}
+    tensors = rows_to_tensors([r.rows for r in results])
     if all(r.reward is not None for r in results):
         tensors["rm_scores"] = torch.cat([r.reward for r in results])
     non_tensors: dict[str, np.ndarray] = {

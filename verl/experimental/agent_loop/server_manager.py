@@ -9,9 +9,10 @@
 - **Seeds per turn**: a seeded conversation keeps its ``seed`` for turn 0 and derives a fresh one for each later
   turn (same conversation, same turns → same tokens).
 - **Waves**: requests issued inside :meth:`AsyncLLMServerManager.wave` (the agent-loop worker opens one around
-  the start of a batch, so every loop's first request is in it) are sent as one wave per replica
-  (:mod:`verl.workers.rollout.waves`): each replica admits its share together, in the order the loops asked — the
-  same batch on every run, whatever the Ray call timing.
+  the start of a batch, so every loop's first request is in it) go to each replica in one call,
+  ``generate_wave(requests)``, which submits them together, in the order the loops asked — the same engine batch
+  on every run, whatever the timing — and streams each output back as it finishes (a Ray streaming generator: one
+  call instead of one per request).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -49,6 +49,11 @@ class ServerHandle:
         return getattr(self.actor, f"{self.prefix}generate")
 
     @property
+    def generate_wave(self) -> Any:
+        """The actor method streaming ``(index, TokenOutput)`` for a list of requests submitted together."""
+        return getattr(self.actor, f"{self.prefix}generate_wave")
+
+    @property
     def abort_requests(self) -> Any:
         return getattr(self.actor, f"{self.prefix}abort_requests")
 
@@ -74,24 +79,47 @@ class AsyncLLMServerManager:
         self.outstanding = [0] * len(self.server_handles)
         self._sticky: collections.OrderedDict[str, tuple[int, int]] = collections.OrderedDict()  # id → server, turns
         self._in_flight: dict[str, str] = {}  # conversation id → its server-side id in flight
-        self._parked: list[tuple[int, asyncio.Future]] | None = None  # inside wave(): (server, its wave tag)
+        self._parked: list[tuple[int, dict[str, Any], asyncio.Future]] | None = None  # inside wave()
+        self._streams: set[asyncio.Task] = set()
 
     @contextlib.contextmanager
     def wave(self) -> Iterator[None]:
-        """Requests issued while this is open wait; on exit each replica's share is sent as one wave (index = the
-        order they were issued)."""
+        """Requests issued while this is open wait; on exit each replica's share is sent in one
+        ``generate_wave`` call, in the order they were issued."""
         self._parked = []
         try:
             yield
         finally:
             parked, self._parked = self._parked, None
-            sizes = collections.Counter(server for server, _ in parked)
-            ids = {server: uuid.uuid4().hex for server in sizes}
-            seen: collections.Counter = collections.Counter()
-            for server, tag in parked:
-                if not tag.done():
-                    tag.set_result((ids[server], seen[server], sizes[server]))
-                seen[server] += 1
+            by_server: dict[int, list[tuple[dict[str, Any], asyncio.Future]]] = collections.defaultdict(list)
+            for server, request, future in parked:
+                by_server[server].append((request, future))
+            for server, items in by_server.items():
+                task = asyncio.get_running_loop().create_task(self._stream_wave(server, items))
+                self._streams.add(task)
+                task.add_done_callback(self._streams.discard)
+
+    async def _stream_wave(self, server: int, items: list[tuple[dict[str, Any], asyncio.Future]]) -> None:
+        """One ``generate_wave`` call for a replica's share of a wave; each output resolves its request's future."""
+        try:
+            stream = (
+                self.server_handles[server]
+                .generate_wave.options(num_returns="streaming")
+                .remote([request for request, _ in items])
+            )
+            async for ref in stream:
+                index, output = await ref
+                if not items[index][1].done():
+                    items[index][1].set_result(output)
+        except BaseException as error:  # the replica failed: every request of the wave hears of it
+            for _, future in items:
+                if not future.done():
+                    future.set_exception(error)
+            if not isinstance(error, Exception):
+                raise
+        for request, future in items:
+            if not future.done():
+                future.set_exception(RuntimeError(f"{request['request_id']}: the wave ended without its output"))
 
     def _choose_server(self, request_id: str) -> tuple[int, int]:
         """(replica index, turn number) for the next turn of conversation ``request_id``."""
@@ -122,18 +150,19 @@ class AsyncLLMServerManager:
         self.outstanding[server] += 1
         self._in_flight[request_id] = server_id
         try:
-            extra = {}
-            if self._parked is not None:  # inside a wave: sent when it closes, with its place in the wave
-                tag = asyncio.get_running_loop().create_future()
-                self._parked.append((server, tag))
-                extra["wave"] = await tag
-            return await self.server_handles[server].generate.remote(
+            handle = self.server_handles[server]
+            text_only = image_data is None and video_data is None
+            if self._parked is not None and text_only and hasattr(handle, "generate_wave"):
+                future = asyncio.get_running_loop().create_future()  # sent with its wave
+                request = {"request_id": server_id, "prompt_ids": list(prompt_ids), "sampling_params": params}
+                self._parked.append((server, request, future))
+                return await future
+            return await handle.generate.remote(
                 server_id,
                 prompt_ids=list(prompt_ids),
                 sampling_params=params,
                 image_data=image_data,
                 video_data=video_data,
-                **extra,
             )
         finally:
             self.outstanding[server] -= 1

@@ -21,8 +21,10 @@ class SingleTurnAgentLoop(AgentLoopBase):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.prompt_length = self.rollout_config.prompt_length
-        self.response_length = self.rollout_config.response_length
+        rollout = self.rollout_config
+        self.prompt_length, self.response_length = self.cached(
+            "single_turn_lengths", lambda: (rollout.prompt_length, rollout.response_length)
+        )
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         prompt_ids = kwargs.get("raw_prompt_ids")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import logging
 from typing import Any
 
@@ -28,7 +29,13 @@ from verl.experimental.agent_loop.agent_loop import (
     agent_loop_target,
     load_agent_loop_configs,
 )
-from verl.experimental.agent_loop.postprocess import SampleResult, object_column, pad_sample, samples_to_batch
+from verl.experimental.agent_loop.postprocess import (
+    SampleResult,
+    object_column,
+    pad_sample,
+    rows_to_tensors,
+    samples_to_batch,
+)
 from verl.experimental.agent_loop.server_manager import AsyncLLMServerManager
 from verl.protocol import DataProto
 from verl.workers.config.builders import build_rollout_config
@@ -81,6 +88,25 @@ class AgentLoopWorkerBase:
             load_agent_loop_configs(self.rollout_config.agent.agent_loop_config_path)
         self.reward_fns = {False: _quiet(reward_fn), True: _quiet(val_reward_fn)}
         self._scoring = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-loop-reward")
+        self._factories: dict[str, Any] = {}
+        self._trainer_wrap, self._data_wrap = DictConfigWrap(self.config), DictConfigWrap(self.data_config)
+
+    def _loop_factory(self, agent_name: str) -> Any:
+        """Builds agent ``agent_name``'s loop from its registry entry — what ``hydra.utils.instantiate`` does, with
+        the class resolved once (instantiate costs ~2 ms a sample); an entry with nested ``_target_`` s still goes
+        through hydra."""
+        factory = self._factories.get(agent_name)
+        if factory is None:
+            import hydra.utils
+
+            entry = dict(agent_loop_target(agent_name))
+            extra = {k: v for k, v in entry.items() if k != "_target_"}
+            if any(isinstance(v, dict) and "_target_" in v for v in extra.values()):
+                factory = functools.partial(hydra.utils.instantiate, entry)
+            else:
+                factory = functools.partial(hydra.utils.get_class(entry["_target_"]), **extra)
+            self._factories[agent_name] = factory
+        return factory
 
     # ------------------------------------------------------------------ the batch
     async def generate_sequences(self, batch: DataProto) -> DataProto:
@@ -93,6 +119,8 @@ class AgentLoopWorkerBase:
         names = batch.non_tensor_batch.get("agent_name")
         names = [rollout.agent.default_agent_loop] * rows if names is None else [str(n) for n in names]
         step = int(meta.get("global_steps", 0))
+        fn = self.reward_fns[validate]
+        scorer = None if fn is None else _Scorer(fn, self._scoring)
         tasks = []
         for i in range(rows):
             fields = {k: v[i] for k, v in batch.non_tensor_batch.items() if k != "agent_name"}
@@ -103,7 +131,7 @@ class AgentLoopWorkerBase:
             if not greedy:
                 prompt, sample = (int(batch.batch[k][i]) for k in ("prompt_index", "sample_index"))
                 sample_params["seed"] = sample_seed(rollout.seed, step, prompt, sample)
-            tasks.append(asyncio.create_task(self._run_sample(names[i], sample_params, fields, validate)))
+            tasks.append(asyncio.create_task(self._run_sample(names[i], sample_params, fields, scorer)))
         # every loop runs to its first await: the first requests of all of them go out as one wave per replica
         with getattr(self.server_manager, "wave", contextlib.nullcontext)():
             await asyncio.sleep(0)
@@ -114,7 +142,7 @@ class AgentLoopWorkerBase:
                 task.cancel()
             await asyncio.gather(self.server_manager.abort(None), return_exceptions=True)
             raise
-        return self._join(results, validate)
+        return self._join(results, scorer)
 
     def _sampling_params(self, meta: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         rollout = self.rollout_config
@@ -133,18 +161,15 @@ class AgentLoopWorkerBase:
         return params, greedy
 
     async def _run_sample(
-        self, agent_name: str, sampling_params: dict[str, Any], fields: dict[str, Any], validate: bool
+        self, agent_name: str, sampling_params: dict[str, Any], fields: dict[str, Any], scorer: _Scorer | None
     ) -> SampleResult:
-        import hydra.utils
-
-        loop = hydra.utils.instantiate(
-            agent_loop_target(agent_name),
-            trainer_config=DictConfigWrap(self.config),
+        loop = self._loop_factory(agent_name)(
+            trainer_config=self._trainer_wrap,
             server_manager=self.server_manager,
             tokenizer=self.tokenizer,
             processor=self.processor,
             dataset_cls=self.dataset_cls,
-            dataset_config=DictConfigWrap(self.data_config),
+            dataset_config=self._data_wrap,
         )
         output = await loop.run(sampling_params, **fields)
         if not isinstance(output, AgentLoopOutput):
@@ -154,69 +179,115 @@ class AgentLoopWorkerBase:
             )
         rollout = self.rollout_config
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        tensors = pad_sample(output, agent_name, rollout.prompt_length, rollout.response_length, int(pad or 0))
-        result = SampleResult(agent_name, output, tensors)
-        await self._score(result, fields, validate)
+        rows = pad_sample(output, agent_name, rollout.prompt_length, rollout.response_length, int(pad or 0))
+        result = SampleResult(agent_name, output, rows)
+        await self._score(result, fields, scorer)
         return result
 
     # ------------------------------------------------------------------ rewards
-    async def _score(self, result: SampleResult, fields: dict[str, Any], validate: bool) -> None:
+    async def _score(self, result: SampleResult, fields: dict[str, Any], scorer: _Scorer | None) -> None:
         """The sample's ``rm_scores`` row: the loop's ``reward_score`` at the last response token, else the reward
-        function's (run in this worker's scoring thread while other samples generate)."""
-        valid = int(result.tensors["attention_mask"][0, -result.tensors["responses"].shape[1] :].sum())
+        function's (``scorer``: this batch's reward calls, run while other samples still generate)."""
+        valid = sum(result.rows["response_valid"])
         if result.output.reward_score is not None:
-            result.reward = torch.zeros(result.tensors["responses"].shape, dtype=torch.float32)
+            result.reward = torch.zeros((1, len(result.rows["responses"])), dtype=torch.float32)
             result.reward[0, max(valid - 1, 0)] = float(result.output.reward_score)
             return
-        fn = self.reward_fns[validate]
-        if fn is None:
+        if scorer is None:
             return
+        tensors = rows_to_tensors([result.rows])
         row = DataProto.from_dict(
-            {k: v for k, v in result.tensors.items() if k != "rollout_log_probs"},
+            {k: v for k, v in tensors.items() if k != "rollout_log_probs"},
             {
                 **{k: object_column([v]) for k, v in fields.items() if k != "raw_prompt_ids"},
                 "__num_turns__": np.array([result.output.num_turns], dtype=np.int32),
                 **{k: object_column([v]) for k, v in result.output.extra_fields.items()},
             },
         )
-        loop = asyncio.get_running_loop()
-        result.reward, result.reward_extra = await loop.run_in_executor(self._scoring, _score_row, fn, row)
+        result.reward, result.reward_extra = await scorer.score(row)
 
-    def _join(self, results: list[SampleResult], validate: bool) -> DataProto:
-        failures = [r.reward_extra.pop("__failure__") for r in results if "__failure__" in r.reward_extra]
-        timeouts = sum(int(r.reward_extra.pop("__timeouts__", 0)) for r in results)
-        scored = [r for r in results if r.reward is not None and r.output.reward_score is None]
-        if scored and len(failures) == len(scored):
-            raise RewardFunctionError(
-                f"the reward function failed on every one of the {len(scored)} samples of this batch "
-                f"({timeouts} timed out); the first failure:\n{failures[0]}",
-                timeouts=timeouts,
-            )
+    def _join(self, results: list[SampleResult], scorer: _Scorer | None) -> DataProto:
+        if scorer is not None:
+            scorer.check()
         extra = align_extra_info([r.reward_extra for r in results])
-        for r, i in zip(results, range(len(results))):
+        for i, r in enumerate(results):
             r.reward_extra = {k: v[i] for k, v in extra.items()}
         out = samples_to_batch(results)
         out.meta_info["metrics"] = [r.output.metrics.model_dump() for r in results]
-        if scored:
-            out.meta_info["reward_metrics"] = {
-                "reward/error_count": len(failures) - timeouts,
-                "reward/timeout_count": timeouts,
-            }
+        if scorer is not None and scorer.scored:
+            counts = {"reward/error_count": scorer.errors, "reward/timeout_count": scorer.timeouts}
+            out.meta_info["reward_metrics"] = counts
         return out
 
 
-def _score_row(fn: Any, row: DataProto) -> tuple[torch.Tensor, dict[str, Any]]:
-    """Score one sample: its reward row and extra info (``__failure__`` / ``__timeouts__`` when the reward function
-    failed on it: a failure of one sample is counted, not raised)."""
+class _Scorer:
+    """One batch's reward calls: samples that finish together are scored in one call of the reward manager, in the
+    worker's scoring thread, while the others still generate; failures are counted per sample."""
+
+    def __init__(self, fn: Any, executor: concurrent.futures.Executor) -> None:
+        self.fn, self.executor = fn, executor
+        self.pending: list[tuple[DataProto, asyncio.Future]] = []
+        self.task: asyncio.Task | None = None
+        self.scored = self.errors = self.timeouts = 0
+        self.first_failure: str | None = None
+
+    async def score(self, row: DataProto) -> tuple[torch.Tensor, dict[str, Any]]:
+        future = asyncio.get_running_loop().create_future()
+        self.pending.append((row, future))
+        if self.task is None or self.task.done():
+            self.task = asyncio.create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self.pending:
+            taken, self.pending = self.pending, []
+            groups: dict[tuple[str, ...], list[tuple[DataProto, asyncio.Future]]] = {}
+            for row, future in taken:  # rows join one call when they have the same columns
+                groups.setdefault(tuple(sorted(row.non_tensor_batch)), []).append((row, future))
+            for group in groups.values():
+                rows = DataProto.concat([row for row, _ in group])
+                try:
+                    outcome = await loop.run_in_executor(self.executor, _score_rows, self.fn, rows)
+                except BaseException as error:  # a broken reward manager: every waiting sample hears of it
+                    for _, future in group:
+                        if not future.done():
+                            future.set_exception(error)
+                    continue
+                per_row, errors, timeouts, failure = outcome
+                self.scored += len(group)
+                self.errors += errors
+                self.timeouts += timeouts
+                self.first_failure = self.first_failure or failure
+                for (_, future), value in zip(group, per_row):
+                    if not future.done():
+                        future.set_result(value)
+
+    def check(self) -> None:
+        """A reward function that failed on every sample of the batch stops the run."""
+        if self.scored and self.errors + self.timeouts == self.scored:
+            raise RewardFunctionError(
+                f"the reward function failed on every one of the {self.scored} samples of this batch "
+                f"({self.timeouts} timed out); the first failure:\n{self.first_failure}",
+                timeouts=self.timeouts,
+            )
+
+
+def _score_rows(fn: Any, rows: DataProto) -> tuple[list[tuple[torch.Tensor, dict[str, Any]]], int, int, str | None]:
+    """Score rows in one call: each row's reward and extra info, and how many failed / timed out (a manager that
+    fails on every row of the call raises ``RewardFunctionError``: counted here, not raised)."""
+    n = len(rows)
     try:
-        result = fn(row, return_dict=True)
+        result = fn(rows, return_dict=True)
     except RewardFunctionError as e:
-        zeros = torch.zeros(row.batch["responses"].shape, dtype=torch.float32)
-        return zeros, {"__failure__": str(e), "__timeouts__": e.timeouts}
+        zeros = torch.zeros(rows.batch["responses"].shape, dtype=torch.float32)
+        return [(zeros[i : i + 1], {}) for i in range(n)], n - e.timeouts, e.timeouts, str(e)
     if isinstance(result, torch.Tensor):
-        return result.float(), {}
-    extra = {k: v[0] for k, v in (result.get("reward_extra_info") or {}).items() if len(v) == 1}
-    return result["reward_tensor"].float(), extra
+        return [(result[i : i + 1].float(), {}) for i in range(n)], 0, 0, None
+    tensor, extra = result["reward_tensor"].float(), result.get("reward_extra_info") or {}
+    metrics = result.get("reward_metrics") or {}
+    per_row = [(tensor[i : i + 1], {k: v[i] for k, v in extra.items() if len(v) == n}) for i in range(n)]
+    return per_row, int(metrics.get("reward/error_count", 0)), int(metrics.get("reward/timeout_count", 0)), None
 
 
 def _quiet(reward_fn: Any) -> Any:

@@ -347,7 +347,13 @@ def remote_worker_class(cls: type) -> Any:
 
 def _in_server_group(func: Any) -> Any:
     """``func`` (a server method) as a method of the concurrency group :data:`SERVER_GROUP`."""
-    if inspect.iscoroutinefunction(func):
+    if inspect.isasyncgenfunction(func):
+
+        async def method(self, *args, **kwargs):
+            async for item in func(self, *args, **kwargs):
+                yield item
+
+    elif inspect.iscoroutinefunction(func):
 
         async def method(self, *args, **kwargs):
             return await func(self, *args, **kwargs)
@@ -556,7 +562,13 @@ class RayWorkerGroup(WorkerGroup):
 
 def _role_method(role: str, name: str, func: Any) -> Any:
     """A method of the fused class forwarding to ``self.worker_dict[role].<name>``; keeps @register's settings."""
-    if inspect.iscoroutinefunction(func):
+    if inspect.isasyncgenfunction(func):
+
+        async def method(self, *args, **kwargs):
+            async for item in getattr(self.worker_dict[role], name)(*args, **kwargs):
+                yield item
+
+    elif inspect.iscoroutinefunction(func):
 
         async def method(self, *args, **kwargs):
             return await getattr(self.worker_dict[role], name)(*args, **kwargs)

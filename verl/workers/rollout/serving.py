@@ -41,7 +41,6 @@ import torch
 from verl.protocol import DataProto
 from verl.workers.rollout.replica import TokenOutput
 from verl.workers.rollout.request import assemble_output, plan_generation, sample_seed
-from verl.workers.rollout.waves import WaveAssembler
 
 __all__ = ["RequestServing", "RequestState", "SamplingSpec", "resolve_sampling_params"]
 
@@ -220,7 +219,6 @@ class RequestServing:
         self._updating = 0
         self._thread: threading.Thread | None = None
         self._stopping = False
-        self._waves = WaveAssembler(self.submit_many)
 
     # ------------------------------------------------------------------ engine hooks
     def _serve_admit(self, requests: list[RequestState]) -> None:
@@ -322,19 +320,13 @@ class RequestServing:
         video_data: Any = None,
         priority: int = 0,
         resume_from: TokenOutput | None = None,
-        wave: tuple[str, int, int] | None = None,
     ) -> TokenOutput:
-        """Generate one response (veRL's server signature). Cancelling the awaiting task aborts the request.
-        ``wave=(wave_id, index, size)``: join the batch together with the wave's other requests
-        (:mod:`verl.workers.rollout.waves`)."""
+        """Generate one response (veRL's server signature). Cancelling the awaiting task aborts the request."""
         if image_data is not None or video_data is not None:
             raise NotImplementedError(f"generate({request_id!r}): multi-modal inputs are not supported by this engine")
         if priority:
             raise NotImplementedError(f"generate({request_id!r}): request priorities are not supported (fcfs only)")
-        if wave is None:
-            future = self.submit(request_id, prompt_ids, sampling_params, resume_from)
-        else:
-            future = self._waves.submit(wave, (request_id, prompt_ids, sampling_params, resume_from))
+        future = self.submit(request_id, prompt_ids, sampling_params, resume_from)
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
