@@ -54,7 +54,8 @@ def test_defaults_follow_verl():
     assert cfg.multi_turn.enable is False and cfg.multi_turn.max_parallel_calls == 1
     assert cfg.multi_turn.max_tool_response_length == 256 and cfg.multi_turn.tool_response_truncate_side == "middle"
     assert cfg.multi_turn.format == "hermes"
-    assert cfg.agent.num_workers == 8 and cfg.agent.default_agent_loop == "single_turn_agent"
+    # ours: null = veRL's 8 on a cluster with GPUs, one agent-loop worker per node on CPU (the manager decides)
+    assert cfg.agent.num_workers is None and cfg.agent.default_agent_loop == "single_turn_agent"
     assert cfg.checkpoint_engine == CheckpointEngineConfig(
         backend="naive", update_weights_bucket_megabytes=2048, engine_kwargs={}
     )
