@@ -70,7 +70,8 @@ class AgentLoopManager:
     Args:
         config: the trainer config (``actor_rollout_ref``, ``data``, ...).
         worker_group: the actor-rollout worker group whose engines serve the requests (hybrid placement).
-        rollout_resource_pool / rm_resource_pool: veRL's arguments for standalone servers; not supported yet.
+        rollout_resource_pool / rm_resource_pool: veRL's arguments for standalone rollout / reward-model servers; not
+            supported yet (giving one is an error).
         tokenizer: the policy's tokenizer (EOS and pad ids; loaded from the model path when not given).
         reward_fn / val_reward_fn: score each sample as it finishes (training / validation); None: not scored.
         step: returns the trainer's current step (it seeds sampling).
@@ -88,7 +89,7 @@ class AgentLoopManager:
         val_reward_fn: Any = None,
         step: Any = None,
     ) -> None:
-        if worker_group is None or rollout_resource_pool is not None:
+        if worker_group is None or rollout_resource_pool is not None or rm_resource_pool is not None:
             raise NotImplementedError(
                 "AgentLoopManager: rollout servers on their own resource pool (standalone) are not supported yet; "
                 "pass the actor-rollout worker group (hybrid placement)"
