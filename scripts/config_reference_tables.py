@@ -26,7 +26,7 @@ DESCRIPTIONS: dict[str, str] = {
     "`algorithm.filter_groups.enable` batches are generated until `train_batch_size` prompts with a non-constant "
     "metric are kept; otherwise it must equal `train_batch_size`.",
     "data.val_batch_size": "Prompts per validation batch; null: the whole validation set in one batch.",
-    "data.tool_config_path": "Tool config of multi-turn rollouts (follows "
+    "data.tool_config_path": "Tool YAML whose schemas the chat template shows in the prompts (follows "
     "`actor_rollout_ref.rollout.multi_turn.tool_config_path`).",
     "data.return_raw_input_ids": "Also return the prompt's ids before chat templating.",
     "data.return_raw_chat": "Keep the prompt's messages in each item (`raw_prompt`).",

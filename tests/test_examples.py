@@ -4,11 +4,11 @@ Fast tests: each script exists, is executable, opens with its comment block and 
 at the default (GPU) sizes, and with the settings of the "On CPU" lines of its comment block, captured with a
 stand-in ``python3``, composes and passes ``validate_config``.
 
-Slow tests (one per script): the script itself, run with ``bash`` on the built-in arithmetic task and its tiny model
-(environment variables shrink every size: 8 prompts x 2 responses, 8 response tokens, 2 steps, the hf engine, one CPU
-worker; the PPO and GRPO runs also validate on 8 prompts at the last step). They check the metrics of each step, the
-metrics that prove the algorithm ran, and that the algorithm's keys reached the trainer (the composed config Hydra
-writes to ``<hydra.run.dir>/.hydra/config.yaml``).
+Slow tests (one per script): the script itself, run with ``bash`` (three at a time) on the built-in arithmetic task and
+its tiny model (environment variables shrink every size: 8 prompts x 2 responses, 8 response tokens, 2 steps, the hf
+engine, one CPU worker; the PPO and GRPO runs also validate on 8 prompts at the last step). They check the metrics of
+each step, the metrics that prove the algorithm ran, and that the algorithm's keys reached the trainer (the composed
+config Hydra writes to ``<hydra.run.dir>/.hydra/config.yaml``).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ EXAMPLES = ROOT / "examples"
 CONFIG_DIR = ROOT / "verl" / "trainer" / "config"
 TIMEOUT_S = 300
 STEPS = 2
+PARALLEL_RUNS = 3
 
 
 @dataclass(frozen=True)
@@ -316,33 +317,63 @@ def tiny_env(cache: Path, assets, log: Path, validate: bool) -> dict[str, str]:
     }
 
 
+@dataclass(frozen=True)
+class ScriptRun:
+    """One example script's run: where it wrote, and what it printed."""
+
+    returncode: int
+    output: str
+    elapsed: float
+    log: Path
+    hydra_dir: Path
+
+
+@pytest.fixture(scope="module")
+def script_runs(tmp_path_factory, demo_assets) -> dict[str, ScriptRun]:
+    """Every example script, run on the built-in task, ``PARALLEL_RUNS`` at a time: most of a run is Ray and the
+    workers starting up, which overlap well on 2 cores."""
+    cache, assets = demo_assets
+    pending, running, done = list(EXAMPLES_UNDER_TEST), {}, {}
+    while pending or running:
+        while pending and len(running) < PARALLEL_RUNS:
+            example = pending.pop(0)
+            work = tmp_path_factory.mktemp(f"example_{example.id}")
+            log, hydra_dir = work / "metrics.jsonl", work / "hydra"
+            env = _clean_env(**{**tiny_env(cache, assets, log, example.validate), **example.env})
+            args = [
+                f"hydra.run.dir={hydra_dir}",
+                f"trainer.default_local_dir={work / 'ckpt'}",
+                "data.val_max_samples=8",
+                "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+                "critic.model.enable_gradient_checkpointing=False",
+            ]
+            out = open(work / "output.log", "w+")  # noqa: SIM115 - closed when the run is collected
+            proc = subprocess.Popen(
+                ["bash", str(example.path), *args], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=work
+            )
+            running[example.id] = (proc, out, time.monotonic(), log, hydra_dir)
+        time.sleep(0.5)
+        for name, (proc, out, start, log, hydra_dir) in list(running.items()):
+            elapsed = time.monotonic() - start
+            if proc.poll() is None and elapsed < TIMEOUT_S:
+                continue
+            if proc.returncode is None:
+                proc.kill()
+                proc.wait()
+            out.seek(0)
+            done[name] = ScriptRun(proc.returncode, out.read(), elapsed, log, hydra_dir)
+            out.close()
+            del running[name]
+    return done
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("example", EXAMPLES_UNDER_TEST, ids=_ids(EXAMPLES_UNDER_TEST))
-def test_example_runs_on_the_builtin_task(example: Example, tmp_path, demo_assets):
-    cache, assets = demo_assets
-    log = tmp_path / "metrics.jsonl"
-    hydra_dir = tmp_path / "hydra"
-    env = _clean_env(**{**tiny_env(cache, assets, log, example.validate), **example.env})
-    args = [
-        f"hydra.run.dir={hydra_dir}",
-        f"trainer.default_local_dir={tmp_path / 'ckpt'}",
-        "data.val_max_samples=8",
-        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
-        "critic.model.enable_gradient_checkpointing=False",
-    ]
-    start = time.monotonic()
-    proc = subprocess.run(
-        ["bash", str(example.path), *args],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        env=env,
-        cwd=tmp_path,
-    )
-    elapsed = time.monotonic() - start
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-4000:]
-    print(f"{example.script}: {elapsed:.1f} s")
+def test_example_runs_on_the_builtin_task(example: Example, script_runs):
+    run = script_runs[example.id]
+    assert run.returncode == 0, run.output[-4000:]
+    print(f"{example.script}: {run.elapsed:.1f} s")
+    log, hydra_dir = run.log, run.hydra_dir
 
     # The algorithm's keys reached the trainer: Hydra's record of the composed config.
     config = OmegaConf.load(hydra_dir / ".hydra" / "config.yaml")

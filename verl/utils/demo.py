@@ -45,6 +45,8 @@ __all__ = [
     "default_cache_dir",
     "ensure_demo_assets",
     "make_arithmetic_rows",
+    "materialise",
+    "save_demo_model",
 ]
 
 logger = logging.getLogger(__name__)
@@ -128,9 +130,17 @@ def _tokenizer_corpus() -> Iterator[str]:
         yield " ".join(rng.choice(words) for _ in range(rng.randint(3, 12))).capitalize() + rng.choice(".?!")
 
 
-def build_demo_tokenizer():
-    """Train the demo tokenizer (deterministic) and wrap it as a ``PreTrainedTokenizerFast`` with a chat template."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+def build_demo_tokenizer(
+    corpus: Iterator[str] | None = None,
+    vocab_size: int = TOKENIZER_VOCAB_SIZE,
+    added_tokens: tuple[str, ...] = (),
+    chat_template: str = CHATML_TEMPLATE,
+):
+    """Train the demo tokenizer (deterministic) and wrap it as a ``PreTrainedTokenizerFast`` with a chat template.
+
+    ``corpus`` / ``vocab_size`` / ``added_tokens`` (plain added tokens, e.g. ``<tool_call>``) / ``chat_template``
+    build a variant (the tool demo's); the defaults build the demo's own tokenizer."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     # Qwen2's normalizer and pre-tokenizer (each digit its own piece): AutoTokenizer loads this folder as a
@@ -145,17 +155,19 @@ def build_demo_tokenizer():
     )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=TOKENIZER_VOCAB_SIZE,
+        vocab_size=vocab_size,
         min_frequency=2,
         special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_tokenizer_corpus(), trainer=trainer)
+    tok.train_from_iterator(corpus if corpus is not None else _tokenizer_corpus(), trainer=trainer)
+    if added_tokens:  # like Qwen's <tool_call>: one token each, not special (kept when decoding)
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in added_tokens])
     wrapped = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token=None, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN, unk_token=None
     )
-    wrapped.chat_template = CHATML_TEMPLATE
+    wrapped.chat_template = chat_template
     return wrapped
 
 
@@ -166,14 +178,10 @@ def _write_parquet(rows: list[dict[str, Any]], path: str) -> None:
     pq.write_table(pa.Table.from_pylist(rows), path)
 
 
-def _build(folder: str) -> None:
-    """Write every demo asset into ``folder`` (which exists and is empty)."""
+def save_demo_model(tokenizer: Any, model_dir: str) -> None:
+    """Save a fresh tiny Qwen2 (seed ``MODEL_SEED``) sized for ``tokenizer``, and the tokenizer, into ``model_dir``."""
     from verl.utils.tiny_model import build_tiny_qwen2
 
-    model_dir = os.path.join(folder, "model")
-    data_dir = os.path.join(folder, "data")
-    os.makedirs(data_dir)
-    tokenizer = build_demo_tokenizer()
     ids = {name: tokenizer.convert_tokens_to_ids(name) for name in SPECIAL_TOKENS}
     model = build_tiny_qwen2(
         seed=MODEL_SEED,
@@ -185,6 +193,13 @@ def _build(folder: str) -> None:
     model.generation_config.eos_token_id = [ids[EOS_TOKEN], ids[PAD_TOKEN]]  # like Qwen2 instruct models
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
+
+
+def _build(folder: str) -> None:
+    """Write every demo asset into ``folder`` (which exists and is empty)."""
+    data_dir = os.path.join(folder, "data")
+    os.makedirs(data_dir)
+    save_demo_model(build_demo_tokenizer(), os.path.join(folder, "model"))
     _write_parquet(make_arithmetic_rows(TRAIN_SIZE, TRAIN_SEED, "train"), os.path.join(data_dir, "train.parquet"))
     _write_parquet(make_arithmetic_rows(TEST_SIZE, TEST_SEED, "test"), os.path.join(data_dir, "test.parquet"))
     manifest = {
@@ -209,15 +224,21 @@ def ensure_demo_assets(cache_dir: str | os.PathLike | None = None) -> DemoAssets
     Idempotent and safe to call from several processes at once: each builds in its own temp dir, then renames it to
     ``<cache>/demo/v<DEMO_VERSION>``; the first rename wins and the losers discard their copy.
     """
+    return _assets(materialise(cache_dir, f"v{DEMO_VERSION}", _build))
+
+
+def materialise(cache_dir: str | os.PathLike | None, name: str, build: Any) -> str:
+    """``<cache>/demo/<name>``, built by ``build(folder)`` (which writes ``manifest.json`` last) unless it exists;
+    built in a temp dir and renamed into place, so concurrent callers are safe."""
     root = os.path.join(os.path.expanduser(os.fspath(cache_dir or default_cache_dir())), "demo")
-    final = os.path.join(root, f"v{DEMO_VERSION}")
+    final = os.path.join(root, name)
     if os.path.isfile(os.path.join(final, "manifest.json")):
-        return _assets(final)
+        return final
     os.makedirs(root, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".v{DEMO_VERSION}-", dir=root)
+    tmp = tempfile.mkdtemp(prefix=f".{name}-", dir=root)
     try:
         logger.info("building the verl demo assets into %s", final)
-        _build(tmp)
+        build(tmp)
         try:
             os.rename(tmp, final)
         except OSError:  # another process renamed its copy first (the target exists and is not empty)
@@ -225,4 +246,4 @@ def ensure_demo_assets(cache_dir: str | os.PathLike | None = None) -> DemoAssets
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return _assets(final)
+    return final

@@ -30,7 +30,6 @@ AWAY: dict[str, Any] = {
         for role in ("actor_rollout_ref.actor", "critic", "reward_model")
     },
     "data.tokenizer": "/tmp/tokenizer",
-    "data.tool_config_path": "/tmp/tools.yaml",
     "data.image_key": "pictures",
     "data.video_key": "clips",
     "actor_rollout_ref.model.hf_config_path": "/tmp/hf_config",
@@ -51,8 +50,8 @@ AWAY: dict[str, Any] = {
     "actor_rollout_ref.rollout.log_prob_micro_batch_size": 8,
     "actor_rollout_ref.rollout.quantization": "fp8",
     "actor_rollout_ref.rollout.quantization_config_file": "/tmp/quant.json",
-    "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": 4,
-    "actor_rollout_ref.rollout.multi_turn.tool_config_path": "/tmp/tools.yaml",
+    "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode": "off",
+    "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": 2,
     "actor_rollout_ref.rollout.agent.custom_async_server.path": "/tmp/server.py",
     "actor_rollout_ref.rollout.trace.backend": "weave",
     "actor_rollout_ref.rollout.mtp": {"enable": True},
@@ -197,8 +196,8 @@ def test_agent_keys_are_read_and_checked(tmp_path):
         f"{agent}.agent_loop_manager_class=my.Manager",
     ]
     validate_config(merged([*VALID, *accepted]), check_environment=False)
-    (problem,) = [p for p in problems_of([f"{agent}.default_agent_loop=tool_agent"]) if p.startswith(agent)]
-    assert "default_agent_loop='tool_agent': no agent loop of that name" in problem and "single_turn_agent" in problem
+    (problem,) = [p for p in problems_of([f"{agent}.default_agent_loop=react_agent"]) if p.startswith(agent)]
+    assert "default_agent_loop='react_agent': no agent loop of that name" in problem and "single_turn_agent" in problem
     (problem,) = problems_of([f"{agent}.agent_loop_config_path={tmp_path}/gone.yaml"], check_environment=True)
     assert problem.endswith("gone.yaml': no such file")
     (problem,) = [p for p in problems_of([f"{agent}.custom_async_server.path=/tmp/server.py"]) if p.startswith(agent)]
@@ -298,7 +297,7 @@ def test_several_problems_are_reported_at_once(tmp_path):
     problems = problems_of(
         [
             "actor_rollout_ref.rollout.mode=spmd",
-            "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
+            "actor_rollout_ref.rollout.agent.default_agent_loop=react_agent",
             "actor_rollout_ref.rollout.name=vllm",
             "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
             "actor_rollout_ref.model.lora_adapter_path=/tmp/lora",

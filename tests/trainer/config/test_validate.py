@@ -78,7 +78,10 @@ def test_a_valid_config_passes():
         ("actor_rollout_ref.rollout.name=trtllm", "rollout.name"),
         ("actor_rollout_ref.actor.strategy=megatron", "megatron is not available"),
         ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "sequence parallelism is not implemented"),
-        ("actor_rollout_ref.rollout.multi_turn.enable=true", "multi-turn / tool rollouts are not implemented"),
+        (
+            "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts=2",
+            "multi-turn rollouts are repeated by actor_rollout_ref.rollout.n",
+        ),
         ("algorithm.kl_ctrl.type=pid", "kl_ctrl"),
         ("data.gen_batch_size=16", "only dynamic sampling (algorithm.filter_groups.enable=true) generates more"),
         (

@@ -30,6 +30,7 @@ __all__ = [
     "AgentLoopOutput",
     "DictConfigWrap",
     "agent_loop_target",
+    "default_agent_loop",
     "load_agent_loop_configs",
     "register",
     "registered_agent_loops",
@@ -198,11 +199,18 @@ class AgentLoopBase(ABC):
         )
         if remove_system_prompt:
             if self._system_prompt is None:
-                empty = {**self.apply_chat_template_kwargs, "add_generation_prompt": False, "tokenize": True}
-                self._system_prompt = _token_ids(self.tokenizer.apply_chat_template([{}], **empty))
+                self._system_prompt = self.cached("system_prompt", self._default_system_prompt)
             if ids[: len(self._system_prompt)] == self._system_prompt:
                 ids = ids[len(self._system_prompt) :]
         return ids
+
+    def _default_system_prompt(self) -> list[int]:
+        """What the template renders for an empty conversation (its default system turn); [] if it cannot."""
+        empty = {**self.apply_chat_template_kwargs, "add_generation_prompt": False, "tokenize": True}
+        try:
+            return _token_ids(self.tokenizer.apply_chat_template([{}], **empty))
+        except Exception:  # noqa: BLE001 - a template that needs a role or content has no default system turn
+            return []
 
     @abstractmethod
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
@@ -252,6 +260,15 @@ def agent_loop_target(agent_name: str) -> dict[str, Any]:
     return _agent_loop_registry[agent_name]
 
 
+def default_agent_loop(rollout: Any) -> str:
+    """The loop of samples without an ``agent_name`` column: ``rollout.agent.default_agent_loop``, except that
+    ``rollout.multi_turn.enable=True`` turns the default ``single_turn_agent`` into ``tool_agent``."""
+    name = str(rollout.agent.default_agent_loop)
+    if rollout.multi_turn.enable and name == "single_turn_agent":
+        return "tool_agent"
+    return name
+
+
 def load_agent_loop_configs(path: str) -> list[str]:
     """Register the loops listed in the YAML file ``path`` (a list of ``{name, _target_, ...}``); returns their
     names. Each target is imported now, so a wrong entry fails at start-up naming the file and entry."""
@@ -286,6 +303,7 @@ def load_agent_loop_configs(path: str) -> list[str]:
 
 def _load_builtin() -> None:
     import verl.experimental.agent_loop.single_turn_agent_loop  # noqa: F401 - registers single_turn_agent
+    import verl.experimental.agent_loop.tool_agent_loop  # noqa: F401 - registers tool_agent
 
 
 def __getattr__(name: str) -> Any:

@@ -127,10 +127,14 @@ def object_column(values: list[Any]) -> np.ndarray:
     return column
 
 
+_TOOL_COUNTS = ("num_tool_calls", "tool_errors", "tool_timeouts", "tool_calls_dropped")
+
+
 def agent_loop_metrics(samples: Sequence[dict[str, float]], batch: DataProto) -> dict[str, float]:
     """veRL's ``agent_loop/{generate_sequences,tool_calls,num_preempted}/{min,max,mean}`` over the samples'
-    metrics, and ``agent_loop/slowest/*``: the sample with the most generate + tool time (its prompt and response
-    lengths too)."""
+    metrics, ``agent_loop/slowest/*``: the sample with the most generate + tool time (its prompt and response
+    lengths too), and the tool agent's counts summed over the batch: ``agent_loop/{num_tool_calls,tool_errors,
+    tool_timeouts,tool_calls_dropped}``."""
     if not samples:
         return {}
     metrics: dict[str, float] = {}
@@ -142,6 +146,9 @@ def agent_loop_metrics(samples: Sequence[dict[str, float]], batch: DataProto) ->
     slowest = int(np.argmax(columns["generate_sequences"] + columns["tool_calls"]))
     for key, column in columns.items():
         metrics[f"agent_loop/slowest/{key}"] = float(column[slowest])
+    for key in _TOOL_COUNTS:  # the tool agent's counters, summed over the batch
+        if any(key in s for s in samples):
+            metrics[f"agent_loop/{key}"] = float(sum(s.get(key, 0) for s in samples))
     prompt_length = batch.batch["prompts"].shape[1]
     mask = batch.batch["attention_mask"][slowest]
     metrics["agent_loop/slowest/prompt_length"] = float(mask[:prompt_length].sum())

@@ -1,6 +1,6 @@
 """`AgentLoopWorker`: runs one asyncio task per sample — its agent loop, then its reward — and joins the batch.
 
-Per sample: the loop named by its ``agent_name`` (default ``rollout.agent.default_agent_loop``) is built with
+Per sample: the loop named by its ``agent_name`` (default: :func:`default_agent_loop`) is built with
 veRL's constructor and ``run(sampling_params, **fields)`` is awaited; as soon as it finishes, the sample is scored
 (the loop's own ``reward_score`` when it set one, else the reward function, in this worker's scoring thread) while
 the other samples still generate. Sampling parameters are veRL's (``temperature``, ``top_p``, ``top_k``,
@@ -27,6 +27,7 @@ from verl.experimental.agent_loop.agent_loop import (
     AgentLoopOutput,
     DictConfigWrap,
     agent_loop_target,
+    default_agent_loop,
     load_agent_loop_configs,
 )
 from verl.experimental.agent_loop.postprocess import (
@@ -117,7 +118,7 @@ class AgentLoopWorkerBase:
         params, greedy = self._sampling_params(meta)
         rows = len(batch)
         names = batch.non_tensor_batch.get("agent_name")
-        names = [rollout.agent.default_agent_loop] * rows if names is None else [str(n) for n in names]
+        names = [default_agent_loop(rollout)] * rows if names is None else [str(n) for n in names]
         step = int(meta.get("global_steps", 0))
         fn = self.reward_fns[validate]
         scorer = None if fn is None else _Scorer(fn, self._scoring)

@@ -73,7 +73,6 @@ UNREAD: tuple[Unread, ...] = (
         "data.tokenizer", "warn", "the policy's tokenizer (actor_rollout_ref.model.tokenizer_path or .path) is used"
     ),
     Unread("data.use_shm", "warn", "the data files are read in place (no shared-memory copy)"),
-    Unread("data.tool_config_path", "error", "tool schemas are not added to the prompts"),
     Unread("data.return_raw_input_ids", "warn", "items carry no raw_input_ids"),
     Unread("data.image_patch_size", "warn", _MULTIMODAL),
     Unread("data.validation_shuffle", "warn", "the validation set is read in order"),
@@ -155,9 +154,22 @@ UNREAD: tuple[Unread, ...] = (
     Unread(f"{_ROLLOUT}.quantization", "warn", "the rollout runs unquantized, in rollout.dtype"),
     Unread(f"{_ROLLOUT}.quantization_config_file", "warn", "the rollout runs unquantized, in rollout.dtype"),
     Unread(f"{_ROLLOUT}.layered_summon", "warn", "the weights are gathered in one pass"),
-    Unread(f"{_ROLLOUT}.multi_turn", "warn", "multi-turn rollouts are not implemented (multi_turn.enable is refused)"),
-    Unread(f"{_ROLLOUT}.multi_turn.enable", "error", "multi-turn / tool rollouts are not implemented"),
-    Unread(f"{_ROLLOUT}.multi_turn.tool_config_path", "error", "tool schemas are not added to the prompts"),
+    Unread(
+        f"{_ROLLOUT}.multi_turn.use_inference_chat_template",
+        "warn",
+        "the tokenizer's chat template renders every turn (no separate inference template)",
+    ),
+    Unread(
+        f"{_ROLLOUT}.multi_turn.tokenization_sanity_check_mode",
+        "warn",
+        "the agent loops keep the generated token ids as they are; nothing is re-tokenized, so there is nothing "
+        "to check",
+    ),
+    Unread(
+        f"{_ROLLOUT}.multi_turn.num_repeat_rollouts",
+        "error",
+        "multi-turn rollouts are repeated by actor_rollout_ref.rollout.n, like every rollout",
+    ),
     Unread(f"{_ROLLOUT}.agent.custom_async_server", "error", "custom rollout server classes are not supported"),
     Unread(f"{_ROLLOUT}.trace", "warn", "rollout tracing is not implemented"),
     Unread(f"{_ROLLOUT}.prometheus", "warn", "no Prometheus metrics are exported"),
@@ -264,7 +276,6 @@ NAME_USED_ELSEWHERE: frozenset[str] = frozenset(
         "actor_rollout_ref.actor.optim.clip_grad",  # the engine's default max_norm; the workers pass grad_clip
         "critic.optim.clip_grad",
         f"{_ROLLOUT}.calculate_log_probs",
-        f"{_ROLLOUT}.multi_turn.enable",
         "transfer_queue.enable",
         "reward_model.strategy",
         "reward_model.micro_batch_size",

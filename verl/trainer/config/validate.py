@@ -263,6 +263,35 @@ def _agent_loops(config: Any, problems: list[str], check_environment: bool) -> N
         )
 
 
+def _multi_turn(config: Any, problems: list[str], check_environment: bool) -> None:
+    """``rollout.multi_turn``: the tool and interaction YAML files are loaded now (tools are built: a tool whose
+    isolation cannot be set up, like the Python sandbox on a machine without namespaces, fails here)."""
+    turn = config.actor_rollout_ref.rollout.multi_turn
+    key = "actor_rollout_ref.rollout.multi_turn"
+    data_tools = config.data.get("tool_config_path")
+    if data_tools and turn.get("tool_config_path") and data_tools != turn.tool_config_path:
+        problems.append(
+            f"data.tool_config_path={data_tools!r} differs from {key}.tool_config_path={turn.tool_config_path!r}: "
+            "the prompts would show other tools than the rollout runs"
+        )
+    if not check_environment:
+        return
+    from verl.interactions.utils.interaction_registry import initialize_interactions_from_config
+    from verl.tools.utils.tool_registry import initialize_tools_from_config
+
+    for name, load in (
+        ("tool_config_path", initialize_tools_from_config),
+        ("interaction_config_path", initialize_interactions_from_config),
+    ):
+        if turn.get(name):
+            try:
+                load(turn[name])
+            except Exception as e:  # noqa: BLE001 - every loading problem is reported with the key
+                problems.append(f"{key}.{name}: {e}")
+    if turn.enable and not (turn.get("tool_config_path") or turn.get("interaction_config_path")):
+        logger.warning("%s.enable=True without tool_config_path or interaction_config_path: no tools to call", key)
+
+
 def _profiler(config: Any, problems: list[str]) -> None:
     profiler = config.get("global_profiler") or {}
     tool = profiler.get("tool")
@@ -442,6 +471,7 @@ def validate_config(config: DictConfig, check_environment: bool = True, schema: 
     _trainer(cfg, problems)
     _rollout(cfg, problems)
     _agent_loops(cfg, problems, check_environment)
+    _multi_turn(cfg, problems, check_environment)
     _profiler(cfg, problems)
     report_unread(config, problems, base)
     _estimator(cfg, problems)

@@ -40,7 +40,7 @@ def compute_data_metrics(batch: DataProto, use_critic: bool = True) -> dict[str,
     """``critic/score/*`` (sequence sums of ``token_level_scores``), ``critic/rewards/*``, ``critic/advantages/*``,
     ``critic/returns/*``, ``critic/values/*`` and ``critic/vf_explained_var`` (with a critic), ``response_length/*``
     (+ ``clip_ratio``), ``prompt_length/*`` (+ ``clip_ratio``), and ``num_turns/{min,max,mean}`` when the agent loops
-    recorded ``__num_turns__``."""
+    recorded ``__num_turns__`` (and ``tool_call_counts/{min,max,mean}`` when the tool agent ran)."""
     b = batch.batch
     response_mask = b["response_mask"].bool()
     max_response_length = b["responses"].shape[-1]
@@ -66,6 +66,9 @@ def compute_data_metrics(batch: DataProto, use_critic: bool = True) -> dict[str,
     if "__num_turns__" in batch.non_tensor_batch:
         turns = np.asarray(batch.non_tensor_batch["__num_turns__"], dtype=np.float64)
         metrics.update({f"num_turns/{stat}": float(getattr(turns, stat)()) for stat in ("min", "max", "mean")})
+    if "tool_call_counts" in batch.non_tensor_batch:
+        calls = np.array([c or 0 for c in batch.non_tensor_batch["tool_call_counts"]], dtype=np.float64)
+        metrics.update({f"tool_call_counts/{stat}": float(getattr(calls, stat)()) for stat in ("min", "max", "mean")})
     return metrics
 
 

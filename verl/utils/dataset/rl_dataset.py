@@ -17,7 +17,9 @@ to ``max_prompt_length``), ``raw_prompt_ids`` (the prompt's token ids, unpadded)
 Config keys (``data.*``, veRL's names; defaults in brackets): ``prompt_key`` [prompt], ``max_prompt_length`` [512],
 ``filter_overlong_prompts`` [False], ``filter_malformed_rows`` [False; ours, veRL has none], ``truncation`` [error:
 error | left | right | middle], ``return_raw_chat`` [True], ``return_full_prompt`` [False],
-``apply_chat_template_kwargs`` [{}], ``shuffle`` [True] and ``seed`` [null → 1] (which rows ``max_samples`` keeps).
+``apply_chat_template_kwargs`` [{}], ``tool_config_path`` [null: veRL's tool YAML, whose tool schemas the chat
+template then shows, as the tool agent loop does], ``shuffle`` [True] and ``seed`` [null → 1] (which rows
+``max_samples`` keeps).
 
 Every row is checked and every prompt tokenized when the dataset is built, so a malformed row (a prompt that is not
 a non-empty list of ``{"role": str, "content": str}`` messages; a null ``reward_model``, or one without a non-null
@@ -76,6 +78,7 @@ DATA_DEFAULTS: dict[str, Any] = {
     "return_raw_chat": True,
     "return_full_prompt": False,
     "apply_chat_template_kwargs": {},
+    "tool_config_path": None,
     "shuffle": True,
     "seed": None,
 }
@@ -188,6 +191,8 @@ class RLHFDataset(Dataset):
         self.return_raw_chat = bool(data_config_get(config, "return_raw_chat"))
         self.return_full_prompt = bool(data_config_get(config, "return_full_prompt"))
         self.apply_chat_template_kwargs = dict(data_config_get(config, "apply_chat_template_kwargs"))
+        self.tool_config_path = data_config_get(config, "tool_config_path")
+        self.tool_schemas = _tool_schemas(self.tool_config_path) if self.tool_config_path else None
         if isinstance(self.max_prompt_length, bool) or not isinstance(self.max_prompt_length, int):
             raise ValueError(f"data.max_prompt_length={self.max_prompt_length!r} must be a positive int")
         if self.max_prompt_length <= 0:
@@ -270,7 +275,7 @@ class RLHFDataset(Dataset):
             try:
                 messages = list(row[self.prompt_key])
                 kwargs = {"add_generation_prompt": True, **self.apply_chat_template_kwargs, "tokenize": False}
-                text = self.tokenizer.apply_chat_template(messages, **kwargs)
+                text = self.tokenizer.apply_chat_template(messages, tools=self.tool_schemas, **kwargs)
             except Exception as e:
                 raise ValueError(
                     f"{path}: row {row_no}: field {self.prompt_key!r}: the chat template failed: "
@@ -324,6 +329,16 @@ class RLHFDataset(Dataset):
         row["tools_kwargs"] = extra_info.get("tools_kwargs") or {}
         row["interaction_kwargs"] = extra_info.get("interaction_kwargs") or {}
         return row
+
+
+def _tool_schemas(path: str) -> list[dict[str, Any]]:
+    """The OpenAI schemas of the tools in ``path`` (veRL's tool YAML), as the chat template takes them."""
+    from verl.tools.utils.tool_registry import initialize_tools_from_config
+
+    return [
+        tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True)
+        for tool in initialize_tools_from_config(path)
+    ]
 
 
 def collate_fn(data_list: list[dict[str, Any]]) -> dict[str, torch.Tensor | np.ndarray]:

@@ -12,6 +12,9 @@ Each part can be learned one token at a time, and a random policy already earns 
     acc       = 1 if text is just the lead and lead == ground_truth, else 0
     pred      = the lead as a string ("" without one): the answer that validation's maj@N votes on
 
+Multi-turn (tool) responses: the answer is the model's last turn — the text after the last ``</tool_response>``
+and the ``assistant`` role header that follows it (the tool demo, :mod:`verl.utils.demo_tools`).
+
 "Ended with EOS" is ``extra_info["response_ended"]``, which verl's reward managers set for every sample (the last
 valid response token is the tokenizer's EOS, so the response was not cut at ``max_response_length``). Without that
 key a response counts as ended when it is a bare integer.
@@ -36,9 +39,19 @@ _LEADING_INTEGER = re.compile(r"[-+]?\d+")
 _MAX_DIGITS = 18  # a longer lead is far from any answer (and int() of thousands of digits is refused)
 
 
+_AFTER_TOOLS = re.compile(r"^\s*assistant\s*\n")
+
+
+def _last_turn(text: str) -> str:
+    """The text after the last tool response (and its ``assistant`` header); all of ``text`` without one."""
+    if "</tool_response>" not in text:
+        return text
+    return _AFTER_TOOLS.sub("", text.rsplit("</tool_response>", 1)[1], count=1)
+
+
 def compute_score(solution_str: str, ground_truth: str | int, extra_info: dict | None = None) -> dict[str, Any]:
     """Score one response to a demo question: ``{"score", "acc", "stop", "pred"}`` (see the module docstring)."""
-    text = solution_str.strip()
+    text = _last_turn(solution_str).strip()
     truth = int(str(ground_truth).strip())
     match = _LEADING_INTEGER.match(text)
     lead = int(match.group()) if match and len(match.group()) <= _MAX_DIGITS else None

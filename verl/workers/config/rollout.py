@@ -103,14 +103,15 @@ class MultiTurnConfig(BaseConfig):
     """``rollout.multi_turn``: limits of multi-turn (tool-calling) agent loops.
 
     Args:
-        enable: run multi-turn rollouts.
+        enable: run multi-turn rollouts: rows without an ``agent_name`` run ``tool_agent`` (unless
+            ``agent.default_agent_loop`` names another loop than ``single_turn_agent``).
         max_assistant_turns: stop after this many assistant turns (None: no limit).
-        tool_config_path: YAML listing the tools.
+        tool_config_path: veRL's tool YAML (``verl.tools.utils.tool_registry``), loaded at start-up.
         max_user_turns: stop after this many user turns (None: no limit).
-        max_parallel_calls: tool calls executed per assistant turn.
-        max_tool_response_length: tool responses are truncated to this many tokens.
+        max_parallel_calls: tool calls executed per assistant turn (later calls of the turn are dropped, counted).
+        max_tool_response_length: tool responses longer than this many characters are cut (veRL's rule).
         tool_response_truncate_side: where a long tool response is cut: "left", "right" or "middle".
-        interaction_config_path: YAML listing the interactions (simulated users).
+        interaction_config_path: veRL's interaction YAML (simulated users), loaded at start-up.
         use_inference_chat_template: apply the model's inference chat template instead of the training one.
         tokenization_sanity_check_mode: how to check that incremental tokenization matches a full one.
         format: tool-call format of the parser ("hermes").

@@ -1,0 +1,1 @@
+"""Interaction helpers: the registry that builds interactions from a YAML file."""

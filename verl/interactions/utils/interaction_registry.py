@@ -1,0 +1,67 @@
+"""Build interactions from veRL's interaction YAML (``multi_turn.interaction_config_path``)::
+
+    interaction:
+      - name: gsm8k                                                   # optional: default from the class name
+        class_name: verl.interactions.gsm8k_interaction.Gsm8kInteraction
+        config: {}
+
+A sample picks one by ``extra_info.interaction_kwargs.name``. A missing file, bad YAML, an entry without
+``class_name``, a class that is not a :class:`~verl.interactions.base.BaseInteraction` or a duplicate name raises an
+error naming the file and the entry.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from verl.interactions.base import BaseInteraction
+from verl.tools.utils.tool_registry import get_tool_class
+
+__all__ = ["get_interaction_class", "initialize_interactions_from_config"]
+
+logger = logging.getLogger(__name__)
+
+
+def get_interaction_class(cls_name: str) -> type:
+    """The class at the dotted path ``cls_name``."""
+    return get_tool_class(cls_name)
+
+
+def _default_name(cls: type) -> str:
+    name = cls.__name__
+    return (name[: -len("Interaction")] if name.endswith("Interaction") else name).lower()
+
+
+def initialize_interactions_from_config(interaction_config_file: str) -> dict[str, BaseInteraction]:
+    """The interactions listed in ``interaction_config_file``, by name."""
+    where = f"interaction config {interaction_config_file!r}"
+    try:
+        config = OmegaConf.load(interaction_config_file)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{where}: no such file") from e
+    except Exception as e:  # noqa: BLE001 - any parse error is reported with the file
+        raise ValueError(f"{where}: not a YAML file: {e}") from e
+    if not isinstance(config, DictConfig) or not isinstance(config.get("interaction"), ListConfig):
+        raise ValueError(f"{where}: must have a top-level 'interaction' list")
+    interactions: dict[str, BaseInteraction] = {}
+    for i, item in enumerate(config.interaction):
+        entry = f"{where}, interaction[{i}]"
+        if not isinstance(item, DictConfig) or not item.get("class_name"):
+            raise ValueError(f"{entry}: needs 'class_name', got {item!r}")
+        try:
+            cls = get_interaction_class(str(item.class_name))
+        except ImportError as e:
+            raise ImportError(f"{entry}: cannot import {item.class_name!r}: {e}") from e
+        if not (isinstance(cls, type) and issubclass(cls, BaseInteraction)):
+            raise TypeError(f"{entry}: {item.class_name} is not a verl.interactions.base.BaseInteraction subclass")
+        node: Any = item.get("config")
+        settings = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
+        name = str(item.get("name") or _default_name(cls))
+        if name in interactions:
+            raise ValueError(f"{entry}: a second interaction named {name!r}")
+        interactions[name] = cls(config={**settings, "name": name})
+    logger.info("interactions from %s: %s", interaction_config_file, sorted(interactions))
+    return interactions

@@ -1,0 +1,1 @@
+"""Tool helpers: the registry that builds tools from a YAML file."""
