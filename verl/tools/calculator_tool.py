@@ -13,7 +13,7 @@ from typing import Any
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
-__all__ = ["CalculatorTool", "evaluate_expression"]
+__all__ = ["CALCULATOR_SCHEMA", "CalculatorTool", "evaluate_expression"]
 
 _BINARY = {
     ast.Add: operator.add,
@@ -29,7 +29,7 @@ _MAX_EXPONENT = 64
 _MAX_MAGNITUDE = 10**30
 _MAX_LENGTH = 200
 
-_SCHEMA = {
+CALCULATOR_SCHEMA = {
     "type": "function",
     "function": {
         "name": "calculator",
@@ -90,7 +90,7 @@ class CalculatorTool(BaseTool):
 
     def get_openai_tool_schema(self) -> OpenAIFunctionToolSchema:
         """The default schema: ``calculator`` with one string parameter ``expression``."""
-        return getattr(self, "tool_schema", None) or OpenAIFunctionToolSchema.model_validate(_SCHEMA)
+        return getattr(self, "tool_schema", None) or OpenAIFunctionToolSchema.model_validate(CALCULATOR_SCHEMA)
 
     async def execute(
         self, instance_id: str, parameters: dict[str, Any], **kwargs: Any

@@ -14,7 +14,7 @@ from typing import Any
 
 from verl.base_config import omega_conf_to_dataclass
 
-__all__ = ["omega_conf_to_dataclass", "update_dict_with_config", "validate_config"]
+__all__ = ["load_yaml_file", "omega_conf_to_dataclass", "update_dict_with_config", "validate_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,3 +50,16 @@ def validate_config(
                 "validate_config(%s=%r) is ignored: the config implies %s=%s", name, given, name, derived(config)
             )
     _validate(config, check_environment=check_environment)
+
+
+def load_yaml_file(path: str, where: str) -> Any:
+    """``OmegaConf.load(path)``; a missing file or YAML that does not parse is an error starting with ``where``
+    (the key or file the caller reads it for)."""
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.load(path)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{where}: no such file") from e
+    except Exception as e:  # noqa: BLE001 - any parse error is reported with the file
+        raise ValueError(f"{where}: not a YAML file: {e}") from e

@@ -30,6 +30,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from omegaconf import OmegaConf
+
+from verl.tools.calculator_tool import CALCULATOR_SCHEMA, CalculatorTool
 from verl.utils.demo import (
     DEMO_DATA_SOURCE,
     _question,
@@ -69,25 +72,6 @@ TOOL_CHAT_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
 )
-
-CALCULATOR_TOOL_CONFIG = """\
-tools:
-  - class_name: verl.tools.calculator_tool.CalculatorTool
-    config:
-      type: native
-    tool_schema:
-      type: function
-      function:
-        name: calculator
-        description: Evaluate an arithmetic expression and return its value.
-        parameters:
-          type: object
-          properties:
-            expression:
-              type: string
-              description: an arithmetic expression, e.g. 3 + 4
-          required: [expression]
-"""
 
 
 @dataclass(frozen=True)
@@ -146,23 +130,11 @@ def _corpus() -> Iterator[str]:
 
 
 def _build(folder: str) -> None:
-    schema = {
-        "type": "function",
-        "function": {
-            "name": "calculator",
-            "description": "Evaluate an arithmetic expression and return its value.",
-            "parameters": {
-                "type": "object",
-                "properties": {"expression": {"type": "string", "description": "an arithmetic expression"}},
-                "required": ["expression"],
-            },
-        },
-    }
     tokenizer = build_demo_tokenizer(_corpus(), TOOL_VOCAB_SIZE, TOOL_TOKENS, TOOL_CHAT_TEMPLATE)
     save_demo_model(tokenizer, os.path.join(folder, "model"))
-    with open(os.path.join(folder, "tool_config.yaml"), "w") as f:
-        f.write(CALCULATOR_TOOL_CONFIG)
-    tools_json = json.dumps([schema])
+    entry = {"class_name": f"{CalculatorTool.__module__}.CalculatorTool", "config": {"type": "native"}}
+    OmegaConf.save({"tools": [{**entry, "tool_schema": CALCULATOR_SCHEMA}]}, os.path.join(folder, "tool_config.yaml"))
+    tools_json = json.dumps([CALCULATOR_SCHEMA])
     files = {
         "sft/train": _sft_rows(SFT_TRAIN_SIZE, SFT_TRAIN_SEED, tools_json),
         "sft/test": _sft_rows(SFT_TEST_SIZE, SFT_TEST_SEED, tools_json),

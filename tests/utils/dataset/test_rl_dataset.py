@@ -247,3 +247,17 @@ class TestCollate:
             collate_fn([])
         with pytest.raises(ValueError, match="row 1 has keys"):
             collate_fn([{"a": 1}, {"b": 2}])
+
+
+def test_tool_config_path_puts_the_tool_schemas_in_the_prompts(tmp_path):
+    from verl.utils.demo_tools import ensure_tool_demo_assets
+    from verl.utils.tokenizer import hf_tokenizer
+
+    assets = ensure_tool_demo_assets(tmp_path / "cache")
+    tokenizer = hf_tokenizer(assets.model_path)
+    path = write(tmp_path / "a.parquet", [row("What is 3 + 4?")])
+    config = {"max_prompt_length": 64, "return_full_prompt": True}
+    plain = RLHFDataset(path, tokenizer, config)[0]["full_prompts"]
+    with_tools = RLHFDataset(path, tokenizer, {**config, "tool_config_path": assets.tool_config_path})[0]
+    assert with_tools["full_prompts"] == "<|im_start|>system\nTools: calculator(expression)<|im_end|>" + plain
+    assert with_tools["raw_prompt_ids"] == tokenizer(with_tools["full_prompts"], add_special_tokens=False)["input_ids"]

@@ -274,13 +274,10 @@ def load_agent_loop_configs(path: str) -> list[str]:
     names. Each target is imported now, so a wrong entry fails at start-up naming the file and entry."""
     import hydra.utils
 
+    from verl.utils.config import load_yaml_file
+
     where = f"rollout.agent.agent_loop_config_path={path!r}"
-    try:
-        entries = OmegaConf.load(path)
-    except FileNotFoundError as e:
-        raise FileNotFoundError(f"{where}: no such file") from e
-    except Exception as e:  # noqa: BLE001 - any parse error is reported with the file
-        raise ValueError(f"{where}: not a YAML file: {e}") from e
+    entries = load_yaml_file(path, where)
     if not isinstance(entries, ListConfig):
         raise ValueError(f"{where}: must hold a list of {{name, _target_}} entries, got a {type(entries).__name__}")
     names = []

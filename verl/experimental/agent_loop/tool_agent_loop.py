@@ -13,10 +13,11 @@ A state machine per sample: ``PENDING`` (chat template of ``raw_prompt`` with th
   ends the conversation instead (so a trajectory ends on model tokens).
 
 Tool and user tokens are appended with ``response_mask`` 0 (and log-probability 0): only the model's tokens are
-trained. Every turn of a conversation goes to the same server (the server manager is sticky per request id), so the
-engine reuses the conversation's prefix. A call that fails — unknown tool, arguments that are not JSON, a tool that
-raises or times out — hands the model ``Error when executing tool: …`` and is counted; a tool that reports that the
-machine cannot run it safely (:class:`~verl.tools.base_tool.ToolUnavailableError`) stops the run.
+trained. Every turn of a conversation goes to the same server (the server manager is sticky per request id), so an
+engine with a prefix cache (vLLM's is on by default) reuses the conversation's prefix. A call that fails — unknown
+tool, arguments that are not JSON, a tool that raises or times out — hands the model ``Error when executing tool: …``
+and is counted; a tool that reports that the machine cannot run it safely
+(:class:`~verl.tools.base_tool.ToolUnavailableError`) stops the run.
 
 Per sample, ``extra_fields`` carries ``turn_scores`` (interaction scores), ``tool_rewards`` (tools' step rewards) and
 ``tool_call_counts``; ``metrics`` adds ``num_tool_calls``, ``tool_errors``, ``tool_timeouts`` and

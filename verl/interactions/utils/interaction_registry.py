@@ -18,7 +18,8 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from verl.interactions.base import BaseInteraction
-from verl.tools.utils.tool_registry import get_tool_class
+from verl.tools.utils.tool_registry import get_tool_class, load_subclass
+from verl.utils.config import load_yaml_file
 
 __all__ = ["get_interaction_class", "initialize_interactions_from_config"]
 
@@ -38,12 +39,7 @@ def _default_name(cls: type) -> str:
 def initialize_interactions_from_config(interaction_config_file: str) -> dict[str, BaseInteraction]:
     """The interactions listed in ``interaction_config_file``, by name."""
     where = f"interaction config {interaction_config_file!r}"
-    try:
-        config = OmegaConf.load(interaction_config_file)
-    except FileNotFoundError as e:
-        raise FileNotFoundError(f"{where}: no such file") from e
-    except Exception as e:  # noqa: BLE001 - any parse error is reported with the file
-        raise ValueError(f"{where}: not a YAML file: {e}") from e
+    config = load_yaml_file(interaction_config_file, where)
     if not isinstance(config, DictConfig) or not isinstance(config.get("interaction"), ListConfig):
         raise ValueError(f"{where}: must have a top-level 'interaction' list")
     interactions: dict[str, BaseInteraction] = {}
@@ -51,12 +47,7 @@ def initialize_interactions_from_config(interaction_config_file: str) -> dict[st
         entry = f"{where}, interaction[{i}]"
         if not isinstance(item, DictConfig) or not item.get("class_name"):
             raise ValueError(f"{entry}: needs 'class_name', got {item!r}")
-        try:
-            cls = get_interaction_class(str(item.class_name))
-        except ImportError as e:
-            raise ImportError(f"{entry}: cannot import {item.class_name!r}: {e}") from e
-        if not (isinstance(cls, type) and issubclass(cls, BaseInteraction)):
-            raise TypeError(f"{entry}: {item.class_name} is not a verl.interactions.base.BaseInteraction subclass")
+        cls = load_subclass(str(item.class_name), BaseInteraction, entry)
         node: Any = item.get("config")
         settings = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
         name = str(item.get("name") or _default_name(cls))

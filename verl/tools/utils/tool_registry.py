@@ -26,8 +26,9 @@ from pydantic import ValidationError
 
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema
+from verl.utils.config import load_yaml_file
 
-__all__ = ["ToolType", "get_tool_class", "initialize_tools_from_config"]
+__all__ = ["ToolType", "get_tool_class", "initialize_tools_from_config", "load_subclass"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,13 +52,15 @@ def get_tool_class(cls_name: str) -> type:
         raise ImportError(f"module {module_name!r} has no class {class_name!r}") from e
 
 
-def _load(path: str) -> Any:
+def load_subclass(cls_name: str, base: type, where: str) -> type:
+    """The class at ``cls_name``, which must subclass ``base``; errors start with ``where`` (file and entry)."""
     try:
-        return OmegaConf.load(path)
-    except FileNotFoundError as e:
-        raise FileNotFoundError(f"tool config {path!r}: no such file") from e
-    except Exception as e:  # noqa: BLE001 - any parse error is reported with the file
-        raise ValueError(f"tool config {path!r}: not a YAML file: {e}") from e
+        cls = get_tool_class(cls_name)
+    except ImportError as e:
+        raise ImportError(f"{where}: cannot import {cls_name!r}: {e}") from e
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise TypeError(f"{where}: {cls_name} is not a {base.__module__}.{base.__qualname__} subclass")
+    return cls
 
 
 def _plain(node: Any) -> Any:
@@ -74,12 +77,7 @@ def _build(path: str, index: int, item: Any) -> BaseTool:
     kind = config.get("type", ToolType.NATIVE.value)
     if kind != ToolType.NATIVE.value:
         raise ValueError(f"{where}: config.type={kind!r} is not supported; use {ToolType.NATIVE.value!r}")
-    try:
-        cls = get_tool_class(str(item.class_name))
-    except ImportError as e:
-        raise ImportError(f"{where}: cannot import {item.class_name!r}: {e}") from e
-    if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
-        raise TypeError(f"{where}: {item.class_name} is not a verl.tools.base_tool.BaseTool subclass")
+    cls = load_subclass(str(item.class_name), BaseTool, where)
     schema = None
     if item.get("tool_schema") is not None:
         try:
@@ -94,7 +92,7 @@ def _build(path: str, index: int, item: Any) -> BaseTool:
 
 def initialize_tools_from_config(tools_config_file: str) -> list[BaseTool]:
     """The tools listed in the YAML file ``tools_config_file`` (see the module docstring for the schema)."""
-    config = _load(tools_config_file)
+    config = load_yaml_file(tools_config_file, f"tool config {tools_config_file!r}")
     if not isinstance(config, DictConfig) or not isinstance(config.get("tools"), ListConfig):
         raise ValueError(f"tool config {tools_config_file!r}: must have a top-level 'tools' list")
     tools = [_build(tools_config_file, i, item) for i, item in enumerate(config.tools)]
