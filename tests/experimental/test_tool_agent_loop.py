@@ -272,6 +272,10 @@ def test_validation_loads_the_tool_yaml_and_multi_turn_picks_the_tool_agent(tmp_
     missing = str(tmp_path / "tools.yaml")
     with pytest.raises(ConfigError, match=f"multi_turn.tool_config_path: tool config '{missing}': no such file"):
         validate_config(merged([*VALID, f"actor_rollout_ref.rollout.multi_turn.tool_config_path={missing}"]))
+    with pytest.raises(
+        ConfigError, match="multi_turn.format='xml': no tool-call parser of that name; known: \\['hermes'\\]"
+    ):
+        validate_config(merged([*VALID, "actor_rollout_ref.rollout.multi_turn.format=xml"]), check_environment=False)
     assert "tool_agent" in registered_agent_loops()
     rollout = OmegaConf.create({"agent": {"default_agent_loop": "single_turn_agent"}, "multi_turn": {"enable": True}})
     assert default_agent_loop(rollout) == "tool_agent"

@@ -54,9 +54,13 @@ class ToolParser(ABC):
     def get_tool_parser(cls, name: str, tokenizer: Any) -> ToolParser:
         """The parser registered as ``name``."""
         if name not in cls._registry:
-            known = sorted(cls._registry)
-            raise ValueError(f"Unknown tool parser: {name!r} (rollout.multi_turn.format); known: {known}")
+            raise ValueError(f"Unknown tool parser: {name!r} (rollout.multi_turn.format); known: {cls.names()}")
         return cls._registry[name](tokenizer)
+
+    @classmethod
+    def names(cls) -> list[str]:
+        """The registered parser names."""
+        return sorted(cls._registry)
 
     @classmethod
     def register(cls, name: str):

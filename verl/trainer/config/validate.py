@@ -274,6 +274,10 @@ def _multi_turn(config: Any, problems: list[str], check_environment: bool) -> No
             f"data.tool_config_path={data_tools!r} differs from {key}.tool_config_path={turn.tool_config_path!r}: "
             "the prompts would show other tools than the rollout runs"
         )
+    from verl.experimental.agent_loop.tool_parser import ToolParser
+
+    if turn.format not in ToolParser.names():
+        problems.append(f"{key}.format={turn.format!r}: no tool-call parser of that name; known: {ToolParser.names()}")
     if not check_environment:
         return
     from verl.interactions.utils.interaction_registry import initialize_interactions_from_config
