@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -133,8 +134,65 @@ def _worker_pids(root: int) -> list[int]:
     return pids
 
 
-@pytest.mark.timeout(900)  # three runs (the straight one, killed, resumed): ~4 minutes on an idle 2-core machine
-def test_a_killed_worker_stops_the_run_and_the_resumed_run_matches(tmp_path, straight):
+def _resume_at_the_epoch_boundary(work: Path, straight_dir: Path) -> tuple[int, str, list, Path]:
+    folder = straight_dir / "ckpt" / "global_step_3"  # the last step of epoch 0
+    return *run_main(
+        work,
+        *COMMON,
+        "trainer.resume_mode=resume_path",
+        f"trainer.resume_from_path={folder}",
+        f"trainer.rollout_data_dir={work / 'rollouts'}",
+    ), work
+
+
+def _refused_resumes(work: Path, straight_dir: Path) -> dict[str, tuple[int, str, list]]:
+    """A checkpoint with a missing file, and the same checkpoint resumed with another (narrower) model."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from verl.utils.demo import ensure_demo_assets
+
+    source = straight_dir / "ckpt" / "global_step_4"
+    broken = work / "broken" / "global_step_4"
+    shutil.copytree(source, broken)
+    (broken / "actor" / "__1_0.distcp").unlink()
+    runs = {}
+    runs["broken"] = run_main(
+        work, *COMMON, "trainer.resume_mode=resume_path", f"trainer.resume_from_path={broken}", name="broken"
+    )
+    assets = ensure_demo_assets(work.parent / "verl_cache")
+    other = work / "other_model"
+    config = AutoConfig.from_pretrained(assets.model_path)
+    config.hidden_size, config.intermediate_size = 64, 128
+    AutoModelForCausalLM.from_config(config).save_pretrained(other)
+    for file in Path(assets.model_path).iterdir():
+        if file.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            shutil.copy(file, other / file.name)
+    overrides = quickstart(Path(assets.train_files).parent, str(other), "algorithm.adv_estimator=grpo")
+    runs["other"] = run_main(
+        work,
+        *overrides,
+        "actor_rollout_ref.rollout.n=2",
+        "trainer.resume_mode=resume_path",
+        f"trainer.resume_from_path={source}",
+        name="other",
+    )
+    return runs
+
+
+@pytest.fixture(scope="module")
+def side_runs(tmp_path_factory, straight):
+    """The runs that only read the straight run's checkpoints, started in two threads as soon as it is done, so they
+    overlap with the killed-worker test's runs (most of a run is Ray and the workers starting up)."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        yield {
+            "epoch": pool.submit(_resume_at_the_epoch_boundary, tmp_path_factory.mktemp("epoch"), straight[0]),
+            "refused": pool.submit(_refused_resumes, tmp_path_factory.mktemp("refused"), straight[0]),
+        }
+
+
+# three runs (the straight one, killed, resumed), beside the side runs: ~5 minutes on a 2-core machine
+@pytest.mark.timeout(900)
+def test_a_killed_worker_stops_the_run_and_the_resumed_run_matches(tmp_path, straight, side_runs):
     straight_dir, reference = straight
     args, env, log = main_command(tmp_path, *COMMON, name="killed")
     ckpt = tmp_path / "ckpt"
@@ -172,22 +230,16 @@ def test_a_killed_worker_stops_the_run_and_the_resumed_run_matches(tmp_path, str
     assert tracker.read_text().strip() == "4"
 
 
-def test_resume_from_an_epoch_boundary_neither_skips_nor_repeats(tmp_path, straight):
+@pytest.mark.timeout(900)
+def test_resume_from_an_epoch_boundary_neither_skips_nor_repeats(straight, side_runs):
     straight_dir, reference = straight
-    folder = straight_dir / "ckpt" / "global_step_3"  # the last step of epoch 0
-    code, output, records = run_main(
-        tmp_path,
-        *COMMON,
-        "trainer.resume_mode=resume_path",
-        f"trainer.resume_from_path={folder}",
-        f"trainer.rollout_data_dir={tmp_path / 'rollouts'}",
-    )
+    code, output, records, work = side_runs["epoch"].result()
     assert code == 0, output[-3000:]
     resumed = steps(records)
     assert sorted(resumed) == [4] and resumed[4]["training/epoch"] == 1
     assert_same_steps(resumed, reference)
     # the same prompts, in the same order, as the uninterrupted run's first batch of epoch 1
-    ours = [r["input"] for r in read_jsonl(tmp_path / "rollouts" / "4.jsonl")]
+    ours = [r["input"] for r in read_jsonl(work / "rollouts" / "4.jsonl")]
     theirs = [r["input"] for r in read_jsonl(straight_dir / "rollouts" / "4.jsonl")]
     assert ours == theirs
 
@@ -235,36 +287,10 @@ def test_model_merger_on_a_trainer_checkpoint(tmp_path, straight):
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
 
 
-def test_missing_file_and_another_model_are_refused_by_name(tmp_path, straight):
-    from verl.utils.demo import ensure_demo_assets
-
-    source = straight[0] / "ckpt" / "global_step_4"
-    broken = tmp_path / "broken" / "global_step_4"
-    shutil.copytree(source, broken)
-    (broken / "actor" / "__1_0.distcp").unlink()
-    code, output, _ = run_main(
-        tmp_path, *COMMON, "trainer.resume_mode=resume_path", f"trainer.resume_from_path={broken}", name="broken"
-    )
+@pytest.mark.timeout(900)
+def test_missing_file_and_another_model_are_refused_by_name(side_runs):
+    runs = side_runs["refused"].result()
+    code, output, _ = runs["broken"]
     assert code != 0 and "__1_0.distcp is missing" in output, output[-3000:]
-
-    # the same checkpoint, resumed with another model (narrower: same names, other shapes)
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    assets = ensure_demo_assets(tmp_path.parent / "verl_cache")
-    other = tmp_path / "other_model"
-    config = AutoConfig.from_pretrained(assets.model_path)
-    config.hidden_size, config.intermediate_size = 64, 128
-    AutoModelForCausalLM.from_config(config).save_pretrained(other)
-    for file in Path(assets.model_path).iterdir():
-        if file.name.startswith(("tokenizer", "special_tokens", "chat_template")):
-            shutil.copy(file, other / file.name)
-    overrides = quickstart(Path(assets.train_files).parent, str(other), "algorithm.adv_estimator=grpo")
-    code, output, _ = run_main(
-        tmp_path,
-        *overrides,
-        "actor_rollout_ref.rollout.n=2",
-        "trainer.resume_mode=resume_path",
-        f"trainer.resume_from_path={source}",
-        name="other",
-    )
+    code, output, _ = runs["other"]
     assert code != 0 and "is of another model" in output and "hidden_size=128" in output, output[-3000:]

@@ -1,18 +1,34 @@
-"""``python -m verl.trainer.main_ppo`` end to end, as a user runs it (subprocesses, Ray, real workers, CPU)."""
+"""``python -m verl.trainer.main_ppo`` end to end, as a user runs it (subprocesses, Ray, real workers, CPU).
+
+Most of a run is Ray and the workers starting up, which overlaps well across runs even on 2 cores, so the runs of
+this module are started together: each entry of `RUNS` prepares its run in its own folder (files it needs: reward
+functions, a GSM8K copy, a sampler) and returns its overrides and environment; the module-scoped `main_runs`
+fixture prepares and starts the entries the selected tests need (``@needs(...)``), `PARALLEL_RUNS` at a time,
+kills any that outlives `TIMEOUT_S`, and hands each test its run's exit code, output and file-logger records.
+The tests themselves only assert. Two tests run the CLI themselves: the bad-config one (it fails before Ray, in a
+few seconds) and the vLLM one (another venv), both with `run_main`, on their own.
+"""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO, NamedTuple
 
 import pytest
 
-TIMEOUT_S = 600
+TIMEOUT_S = 600  # one run
+PARALLEL_RUNS = 3
+# The first test that asks for `main_runs` waits for every run of the module: more than the ini's 300 s per test.
+POOL_TIMEOUT_S = 2 * TIMEOUT_S
 
 
 def main_command(tmp_path: Path, *overrides: str, name: str = "run", env: dict | None = None):
@@ -38,14 +54,132 @@ def main_command(tmp_path: Path, *overrides: str, name: str = "run", env: dict |
     return args, environ, log
 
 
+def read_records(log: Path) -> list:
+    """The file logger's records (none when the run never logged)."""
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
 def run_main(tmp_path: Path, *overrides: str, name: str = "run", env: dict | None = None) -> tuple[int, str, list]:
     """Run the CLI with the file logger into ``tmp_path``; returns (exit code, output, the jsonl records)."""
     args, environ, log = main_command(tmp_path, *overrides, name=name, env=env)
     proc = subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT_S, env=environ, cwd=tmp_path)
-    records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-    return proc.returncode, proc.stdout + proc.stderr, records
+    return proc.returncode, proc.stdout + proc.stderr, read_records(log)
 
 
+# ------------------------------------------------------------------------------------------- the concurrent runs
+Prepared = tuple[list[str], dict[str, str]]  # a run's overrides and extra environment variables
+Prepare = Callable[[Path], Prepared]  # writes what the run needs into its folder
+
+RUNS: dict[str, Prepare] = {}  # every pooled run, started in the order of this file (the longest, the demo, first)
+
+
+def main_run(name: str) -> Callable[[Prepare], Prepare]:
+    """Register a `Prepare` function as the run ``name`` of `RUNS`."""
+
+    def register(prepare: Prepare) -> Prepare:
+        RUNS[name] = prepare
+        return prepare
+
+    return register
+
+
+def needs(*names: str) -> Callable:
+    """Mark a test as reading these `RUNS` from `main_runs` (only the selected tests' runs are started); the test may
+    wait for the whole pool, hence `POOL_TIMEOUT_S`."""
+
+    def mark(test: Callable) -> Callable:
+        test.main_ppo_runs = names
+        return pytest.mark.timeout(POOL_TIMEOUT_S)(test)
+
+    return mark
+
+
+class MainRun(NamedTuple):
+    """A finished run: exit code, stdout and stderr together, the file logger's records, and its folder."""
+
+    returncode: int
+    output: str
+    records: list
+    work: Path
+
+
+class MainRuns(dict):
+    """`MainRun` by name; asking for a run whose preparation raised raises that error again."""
+
+    def __getitem__(self, name: str) -> MainRun:
+        value = super().__getitem__(name)
+        if isinstance(value, Exception):
+            raise RuntimeError(f"preparing the run {name!r} failed") from value
+        return value
+
+
+class _Started(NamedTuple):
+    proc: subprocess.Popen
+    out: IO[str]
+    log: Path
+    work: Path
+    start: float
+
+
+def _start(name: str, work: Path) -> _Started:
+    """Prepare the run ``name`` in ``work`` and start it (in its own session, so that it is killed whole)."""
+    overrides, env = RUNS[name](work)
+    args, environ, log = main_command(work, *overrides, env=env)
+    out = open(work / "output.log", "w+")  # noqa: SIM115 - closed when the run is collected
+    proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=environ, cwd=work, start_new_session=True)
+    return _Started(proc, out, log, work, time.monotonic())
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def run_concurrently(names: list[str], tmp_path_factory) -> MainRuns:
+    """Prepare and run each of ``names``, `PARALLEL_RUNS` at a time, each in ``tmp_path_factory.mktemp(name)``."""
+    pending, running, done = list(names), {}, MainRuns()
+    try:
+        while pending or running:
+            while pending and len(running) < PARALLEL_RUNS:
+                name = pending.pop(0)
+                try:
+                    running[name] = _start(name, tmp_path_factory.mktemp(name))
+                except Exception as error:  # fails the tests of this run only
+                    done[name] = error
+            time.sleep(0.5)
+            for name, run in list(running.items()):
+                elapsed = time.monotonic() - run.start
+                if run.proc.poll() is None and elapsed < TIMEOUT_S:
+                    continue
+                if run.proc.returncode is None:
+                    _kill(run.proc)
+                    run.out.seek(0, os.SEEK_END)
+                    run.out.write(f"\n[test_main_ppo] killed after {TIMEOUT_S} s\n")
+                run.out.seek(0)
+                done[name] = MainRun(run.proc.returncode, run.out.read(), read_records(run.log), run.work)
+                run.out.close()
+                del running[name]
+                print(f"{name}: exit {run.proc.returncode} after {elapsed:.1f} s")
+    finally:  # interrupted (a test timeout, ^C): no run outlives the fixture
+        for run in running.values():
+            _kill(run.proc)
+            run.out.close()
+    return done
+
+
+@pytest.fixture(scope="module")
+def main_runs(request, tmp_path_factory) -> MainRuns:
+    """The `RUNS` that the selected tests need, run concurrently."""
+    wanted = {
+        name for item in request.session.items for name in getattr(getattr(item, "function", None), "main_ppo_runs", ())
+    }
+    return run_concurrently([name for name in RUNS if name in wanted], tmp_path_factory)
+
+
+# ------------------------------------------------------------------------------------------------------ the tests
 def series(records: list, key: str) -> list[float]:
     return [r["data"][key] for r in records if key in r["data"]]
 
@@ -59,9 +193,20 @@ def assert_finite(data: dict, *keys: str) -> None:
         assert math.isfinite(value), (key, value)
 
 
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@main_run("demo")
+def prepare_demo(work: Path) -> Prepared:
+    """The demo as it ships: no override at all (40 steps, the longest run)."""
+    return [], {}
+
+
 @pytest.mark.slow
-def test_demo_learns_out_of_the_box(tmp_path):
-    code, output, records = run_main(tmp_path)
+@needs("demo")
+def test_demo_learns_out_of_the_box(main_runs):
+    code, output, records, _ = main_runs["demo"]
     assert code == 0, output[-3000:]
     scores = series(records, "critic/score/mean")
     assert len(scores) == 40
@@ -80,15 +225,10 @@ def test_demo_learns_out_of_the_box(tmp_path):
     assert min(grad_norms) >= 0 and sum(g > 0 for g in grad_norms) >= len(grad_norms) // 2, grad_norms
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def test_validation_metrics_generations_and_dumps(tmp_path):
-    from verl.trainer.ppo.validation import validation_metrics
-
-    code, output, records = run_main(
-        tmp_path,
+@main_run("validation")
+def prepare_validation(work: Path) -> Prepared:
+    """Validation before training and at the last step, 4 samples at temperature 1, with the dumps."""
+    return [
         "trainer.total_training_steps=2",
         "trainer.val_before_train=true",
         "trainer.test_freq=2",
@@ -97,9 +237,16 @@ def test_validation_metrics_generations_and_dumps(tmp_path):
         "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
         "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
         "trainer.log_val_generations=3",
-        f"trainer.rollout_data_dir={tmp_path / 'rollouts'}",
-        f"trainer.validation_data_dir={tmp_path / 'val'}",
-    )
+        f"trainer.rollout_data_dir={work / 'rollouts'}",
+        f"trainer.validation_data_dir={work / 'val'}",
+    ], {}
+
+
+@needs("validation")
+def test_validation_metrics_generations_and_dumps(main_runs):
+    from verl.trainer.ppo.validation import validation_metrics
+
+    code, output, records, work = main_runs["validation"]
     assert code == 0, output[-3000:]
     by_step = {r["step"]: r["data"] for r in records if r.get("data")}
     prefix = "verl/arithmetic"
@@ -113,7 +260,7 @@ def test_validation_metrics_generations_and_dumps(tmp_path):
         for name in ("reward/mean@4", "acc/std@4", "acc/best@2/mean", "acc/worst@4/mean", "stop/mean@4"):
             assert f"val-aux/{prefix}/{name}" in data, name
         # the dump holds every sample; the metrics recomputed from it are the logged ones
-        rows = read_jsonl(tmp_path / "val" / f"{step}.jsonl")
+        rows = read_jsonl(work / "val" / f"{step}.jsonl")
         assert len(rows) == 12 * 4 and {"input", "output", "gts", "score", "acc", "pred", "step"} <= set(rows[0])
         uids = [f"p{i // 4}" for i in range(len(rows))]  # samples of a prompt are adjacent
         assert len({rows[i]["input"] for i in range(0, 4)}) == 1
@@ -123,66 +270,84 @@ def test_validation_metrics_generations_and_dumps(tmp_path):
         for key, value in expected.items():
             assert data[key] == pytest.approx(value, abs=1e-9), key
     # sampling with temperature 1: a prompt's 4 answers are not all the same
-    rows = read_jsonl(tmp_path / "val" / "0.jsonl")
+    rows = read_jsonl(work / "val" / "0.jsonl")
     assert any(len({rows[i + j]["output"] for j in range(4)}) > 1 for i in range(0, len(rows), 4))
     for step in (1, 2):  # the training rollouts, with the reward's extra info
-        rows = read_jsonl(tmp_path / "rollouts" / f"{step}.jsonl")
+        rows = read_jsonl(work / "rollouts" / f"{step}.jsonl")
         assert len(rows) == 16 * 4 and "acc" in rows[0] and rows[0]["step"] == step
         assert sum(r["score"] for r in rows) / len(rows) == pytest.approx(by_step[step]["critic/score/mean"], abs=1e-5)
         assert "timing_s/dump_rollout_generations" in by_step[step]
 
 
-def test_val_only_with_a_validation_set_that_does_not_divide_over_the_workers(tmp_path):
-    code, output, records = run_main(
-        tmp_path,
+@main_run("val_only")
+def prepare_val_only(work: Path) -> Prepared:
+    """Validation only, of 5 prompts over 2 workers."""
+    return [
         "trainer.val_only=true",
         "trainer.val_before_train=false",
         "trainer.n_gpus_per_node=2",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
         "data.val_max_samples=5",
-        f"trainer.validation_data_dir={tmp_path / 'val'}",
-    )
+        f"trainer.validation_data_dir={work / 'val'}",
+    ], {}
+
+
+@needs("val_only")
+def test_val_only_with_a_validation_set_that_does_not_divide_over_the_workers(main_runs):
+    code, output, records, work = main_runs["val_only"]
     assert code == 0, output[-3000:]
     assert [r["step"] for r in records if r.get("data")] == [0]  # validated, never trained
     data = records[-1]["data"]
     assert "val-core/verl/arithmetic/acc/mean@1" in data and "training/global_step" not in data
-    rows = read_jsonl(tmp_path / "val" / "0.jsonl")
+    rows = read_jsonl(work / "val" / "0.jsonl")
     assert len(rows) == 5 and len({r["input"] for r in rows}) == 5  # padding rows were dropped
 
 
-def test_remax_baseline_pf_ppo_and_a_custom_chat_template(tmp_path):
+@main_run("remax")
+def prepare_remax(work: Path) -> Prepared:
+    """ReMax with PF-PPO, and a chat template of our own."""
     template = "{% for m in messages %}Q: {{ m.content }} {% endfor %}A:"
-    code, output, records = run_main(
-        tmp_path,
+    return [
         "algorithm.adv_estimator=remax",
         "algorithm.use_pf_ppo=true",
         "trainer.total_training_steps=2",
         f"actor_rollout_ref.model.custom_chat_template='{template}'",
-        f"trainer.rollout_data_dir={tmp_path / 'rollouts'}",
-    )
+        f"trainer.rollout_data_dir={work / 'rollouts'}",
+    ], {}
+
+
+@needs("remax")
+def test_remax_baseline_pf_ppo_and_a_custom_chat_template(main_runs):
+    code, output, records, work = main_runs["remax"]
     assert code == 0, output[-3000:]
     data = records[-1]["data"]
     assert data["timing_s/gen_max"] > 0 and data["timing_s/generate_sequences"] > 0
-    rows = read_jsonl(tmp_path / "rollouts" / "2.jsonl")
+    rows = read_jsonl(work / "rollouts" / "2.jsonl")
     assert all(r["input"].startswith("Q: What is") and r["input"].endswith("A:") for r in rows)
     # PF-PPO resampled the 64 samples with replacement: a prompt no longer appears a multiple of n=4 times
     counts = Counter(r["input"] for r in rows)
     assert len(rows) == 64 and any(c % 4 for c in counts.values())
 
 
-def test_dapo_dynamic_sampling_trains_on_informative_groups_only(tmp_path):
-    code, output, records = run_main(
-        tmp_path,
+@main_run("dapo")
+def prepare_dapo(work: Path) -> Prepared:
+    """DAPO's dynamic sampling (filter_groups) and clip-higher."""
+    return [
         "trainer.total_training_steps=2",
         "algorithm.filter_groups={enable: true, metric: seq_reward, max_num_gen_batches: 8}",
         "actor_rollout_ref.actor.clip_ratio_high=0.28",
-        f"trainer.rollout_data_dir={tmp_path / 'rollouts'}",
-    )
+        f"trainer.rollout_data_dir={work / 'rollouts'}",
+    ], {}
+
+
+@needs("dapo")
+def test_dapo_dynamic_sampling_trains_on_informative_groups_only(main_runs):
+    code, output, records, work = main_runs["dapo"]
     assert code == 0, output[-3000:]
     steps = [r["data"] for r in records if r["data"]]
     assert len(steps) == 2 and all(1 <= s["train/num_gen_batches"] <= 8 for s in steps)
     for step in (1, 2):
-        rows = read_jsonl(tmp_path / "rollouts" / f"{step}.jsonl")
+        rows = read_jsonl(work / "rollouts" / f"{step}.jsonl")
         assert len(rows) == 16 * 4  # a full training batch, whatever the number of generation batches
         by_prompt: dict[str, list[float]] = {}
         for r in rows:
@@ -190,11 +355,11 @@ def test_dapo_dynamic_sampling_trains_on_informative_groups_only(tmp_path):
         assert all(len(set(scores)) > 1 for scores in by_prompt.values())  # no group with one score survived
 
 
-def test_rollout_correction_bypass_mode_and_the_optimal_token_baseline(tmp_path):
-    # a bf16 rollout against the fp32 trainer: a real mismatch for the IS weights and the rejection to act on; the
-    # optimal-token baseline reads the old-log-prob pass's Σπ² and the IS weights
-    code, output, records = run_main(
-        tmp_path,
+@main_run("optimal_token_baseline")
+def prepare_optimal_token_baseline(work: Path) -> Prepared:
+    """A bf16 rollout against the fp32 trainer: a real mismatch for the IS weights and the rejection to act on; the
+    optimal-token baseline reads the old-log-prob pass's Σπ² and the IS weights."""
+    return [
         "trainer.total_training_steps=2",
         "algorithm.adv_estimator=optimal_token_baseline",
         "actor_rollout_ref.actor.calculate_sum_pi_squared=true",
@@ -202,7 +367,23 @@ def test_rollout_correction_bypass_mode_and_the_optimal_token_baseline(tmp_path)
         "algorithm.rollout_correction.rollout_is=token",
         "algorithm.rollout_correction.rollout_rs=token_k2",
         "algorithm.rollout_correction.rollout_rs_threshold=1e-5",
-    )
+    ], {}
+
+
+@main_run("bypass")
+def prepare_bypass(work: Path) -> Prepared:
+    """Rollout correction in bypass mode: the rollout's log-probs as the old policy's, with REINFORCE."""
+    return [
+        "trainer.total_training_steps=2",
+        "algorithm.rollout_correction.bypass_mode=true",
+        "algorithm.rollout_correction.rollout_is=token",
+        "algorithm.rollout_correction.loss_type=reinforce",
+    ], {}
+
+
+@needs("optimal_token_baseline", "bypass")
+def test_rollout_correction_bypass_mode_and_the_optimal_token_baseline(main_runs):
+    code, output, records, _ = main_runs["optimal_token_baseline"]
     assert code == 0, output[-3000:]
     data = records[-1]["data"]
     assert abs(data["rollout_corr/rollout_is_mean"] - 1.0) < 0.1 and data["rollout_corr/rollout_is_max"] <= 2.0
@@ -211,14 +392,7 @@ def test_rollout_correction_bypass_mode_and_the_optimal_token_baseline(tmp_path)
     advantages = [data[f"critic/advantages/{stat}"] for stat in ("mean", "max", "min")]
     assert all(math.isfinite(a) for a in advantages) and advantages[1] > advantages[2]
 
-    code, output, records = run_main(
-        tmp_path,
-        "trainer.total_training_steps=2",
-        "algorithm.rollout_correction.bypass_mode=true",
-        "algorithm.rollout_correction.rollout_is=token",
-        "algorithm.rollout_correction.loss_type=reinforce",
-        name="bypass",
-    )
+    code, output, records, _ = main_runs["bypass"]
     assert code == 0, output[-3000:]
     data = records[-1]["data"]
     assert "timing_s/old_log_prob" not in data  # the rollout's log-probs stood in for the old-policy pass
@@ -325,55 +499,69 @@ class ScoreCurriculum(AbstractCurriculumSampler):
 """
 
 
-def test_verl_quickstart_command_runs_on_local_tiny_files(tmp_path):
-    data, model = make_gsm8k(tmp_path), demo_model(tmp_path)
-    (tmp_path / "curriculum.py").write_text(CURRICULUM_SAMPLER)
-    sampler = [f"data.sampler.class_path={tmp_path / 'curriculum.py'}", "data.sampler.class_name=ScoreCurriculum"]
-    log = tmp_path / "curriculum.log"
-    code, output, records = run_main(
-        tmp_path,
-        *quickstart(data, model, "trainer.logger=[console,file]", "data.dataloader_num_workers=0", *sampler),
-        env={"CURRICULUM_LOG": str(log)},
-    )
+@main_run("quickstart")
+def prepare_quickstart(work: Path) -> Prepared:
+    """veRL's quickstart on a tiny GSM8K copy, with a curriculum sampler that logs its updates."""
+    data, model = make_gsm8k(work), demo_model(work)
+    (work / "curriculum.py").write_text(CURRICULUM_SAMPLER)
+    sampler = [f"data.sampler.class_path={work / 'curriculum.py'}", "data.sampler.class_name=ScoreCurriculum"]
+    overrides = quickstart(data, model, "trainer.logger=[console,file]", "data.dataloader_num_workers=0", *sampler)
+    return overrides, {"CURRICULUM_LOG": str(work / "curriculum.log")}
+
+
+@needs("quickstart")
+def test_verl_quickstart_command_runs_on_local_tiny_files(main_runs):
+    code, output, records, work = main_runs["quickstart"]
+    log = work / "curriculum.log"
     assert code == 0, output[-3000:]
     last = records[-1]["data"]
     assert_finite(last, "val-core/openai/gsm8k/reward/mean@1", "critic/vf_loss", "critic/values/mean", "actor/pg_loss")
     assert 0.0 <= last["val-core/openai/gsm8k/reward/mean@1"] <= 1.0  # gsm8k's scorer gives 0 or 1 per sample
     assert last["critic/vf_loss"] > 0 and last["critic/advantages/mean"] == pytest.approx(0.0, abs=1e-5)  # whitened
-    assert (tmp_path / "ckpt" / "global_step_2" / "actor").is_dir()  # save at the last step
+    assert (work / "ckpt" / "global_step_2" / "actor").is_dir()  # save at the last step
     # veRL's curriculum hook: update(batch) after each trained step, with that step's scored batch
     assert [line.split()[0] for line in log.read_text().splitlines()] == ["8", "8"]
 
 
-def test_malformed_row_and_raising_reward_function(tmp_path):
+@main_run("malformed_row")
+def prepare_malformed_row(work: Path) -> Prepared:
+    """The quickstart with a training file whose row 3 has no messages."""
     import pandas as pd
 
-    data, model = make_gsm8k(tmp_path), demo_model(tmp_path)
+    data, model = make_gsm8k(work), demo_model(work)
     bad = pd.read_parquet(data / "train.parquet")
     bad.at[3, "prompt"] = []  # no messages at all
-    bad.to_parquet(tmp_path / "bad.parquet")
-    code, output, _ = run_main(
-        tmp_path, *quickstart(data, model, f"data.train_files={tmp_path / 'bad.parquet'}"), name="bad"
-    )
-    assert code != 0 and "bad.parquet" in output and "row 3" in output and "prompt" in output
+    bad.to_parquet(work / "bad.parquet")
+    return quickstart(data, model, f"data.train_files={work / 'bad.parquet'}"), {}
 
-    reward = tmp_path / "reward.py"
+
+@main_run("raising_reward")
+def prepare_raising_reward(work: Path) -> Prepared:
+    """The quickstart (GRPO) with a reward function that raises on every sample."""
+    data, model = make_gsm8k(work), demo_model(work)
+    reward = work / "reward.py"
     reward.write_text(
         "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
         "    raise RuntimeError('broken reward')\n"
     )
-    code, output, records = run_main(
-        tmp_path,
-        *quickstart(
-            data,
-            model,
-            f"custom_reward_function.path={reward}",
-            "algorithm.adv_estimator=grpo",
-            "actor_rollout_ref.rollout.n=2",
-            "trainer.logger=[console,file]",
-        ),
-        name="raising",
+    overrides = quickstart(
+        data,
+        model,
+        f"custom_reward_function.path={reward}",
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.rollout.n=2",
+        "trainer.logger=[console,file]",
     )
+    return overrides, {}
+
+
+@needs("malformed_row", "raising_reward")
+def test_malformed_row_and_raising_reward_function(main_runs):
+    code, output, _, _ = main_runs["malformed_row"]
+    assert code != 0 and "bad.parquet" in output and "row 3" in output and "prompt" in output
+
+    code, output, records, work = main_runs["raising_reward"]
+    reward = work / "reward.py"
     # a reward function that fails on every sample stops the run, naming itself, its file and the exception
     assert code != 0 and not [r for r in records if r["data"]], output[-3000:]
     assert f"compute_score ({reward})" in output and "RuntimeError: broken reward" in output
