@@ -213,6 +213,13 @@ def test_a_tool_that_cannot_run_safely_stops_the_rollout(tokenizer, tmp_path):
     )
     with pytest.raises(ToolUnavailableError, match="no isolation"):
         run_loop(tokenizer, [call("risky")], tool_config_path=str(path))
+    # a sandbox that cannot be isolated refuses when the YAML is loaded (at start-up), naming the file and entry
+    path.write_text(
+        "tools:\n  - class_name: verl.tools.python_sandbox_tool.PythonSandboxTool\n"
+        "    config: {type: native, unshare_path: /nonexistent/unshare}\n"
+    )
+    with pytest.raises(ToolUnavailableError, match=r"tools\[0\] \(verl.tools.python_sandbox_tool.PythonSandboxTool\)"):
+        initialize_tools_from_config(str(path))
 
 
 def test_a_simulated_user_gives_feedback_until_the_answer_is_right(tokenizer, tmp_path):

@@ -24,7 +24,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from pydantic import ValidationError
 
-from verl.tools.base_tool import BaseTool
+from verl.tools.base_tool import BaseTool, ToolUnavailableError
 from verl.tools.schemas import OpenAIFunctionToolSchema
 from verl.utils.config import load_yaml_file
 
@@ -87,7 +87,10 @@ def _build(path: str, index: int, item: Any) -> BaseTool:
     try:
         return cls(config=config, tool_schema=schema)
     except Exception as e:
-        raise type(e)(f"{where} ({item.class_name}): {e}") from e
+        message = f"{where} ({item.class_name}): {type(e).__name__}: {e}"
+        if isinstance(e, ToolUnavailableError):  # keeps its type: the machine cannot run the tool
+            raise type(e)(message) from e
+        raise ValueError(message) from e
 
 
 def initialize_tools_from_config(tools_config_file: str) -> list[BaseTool]:
