@@ -193,6 +193,7 @@ DESCRIPTIONS: dict[str, str] = {
 # Keys of ours that veRL does not have.
 OURS: dict[str, str] = {
     "trainer.mode": "",
+    "async_training.max_lag": "veRL bounds staleness by samples (`staleness_threshold`); ours counts weight versions.",
     "trainer.device": "",
     "reward_model.timeout_s": "",
     "data.filter_malformed_rows": "",
@@ -245,4 +246,14 @@ DIFFERENCES: dict[str, str] = {
     "actor_rollout_ref.actor.policy_loss.rollout_correction": "leave it null: with "
     "`algorithm.rollout_correction.bypass_mode=true` the trainer fills it (and sets `loss_mode=bypass_mode`).",
     "data.datagen.path": "a non-null value fails at start-up: dynamically generated datasets are not supported yet.",
+    "async_training.staleness_threshold": "veRL's default is 0.1; ours is null (the bound is `max_lag`); a value above "
+    "`max_lag` is an error; with `trainer.mode=sync` a value warns (no effect).",
+    "async_training.trigger_parameter_sync_step": "veRL's default is 4; ours is 1 (a push after every update); "
+    "`trainer.mode=sync` refuses any other value.",
+    "async_training.require_batches": "veRL's default is 1 (the trainer batch in mini-batches); ours is null: the "
+    "trainer takes `data.train_batch_size` prompts, and a value that disagrees with it is an error.",
+    "async_training.partial_rollout": "veRL's default is true; ours is false, and true is refused until "
+    "`trainer.mode=separate_async` exists.",
+    "async_training.use_rollout_log_probs": "veRL's default is true; ours is false (the old log-probs are recomputed). "
+    "True is `algorithm.rollout_correction.bypass_mode=true` in every mode.",
 }

@@ -40,6 +40,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere: import verl from
 
 from verl.algorithms.config import AlgoConfig  # noqa: E402
 from verl.trainer.config import unread, validate  # noqa: E402
+from verl.trainer.config.async_training import AsyncTrainingConfig  # noqa: E402
 from verl.workers.config import ActorConfig, CriticConfig, HFModelConfig, RefConfig, RoleProfilerConfig, RolloutConfig  # noqa: E402
 
 YAML_PATH = ROOT / "verl" / "trainer" / "config" / "ppo_trainer.yaml"  # the entry point; see yaml_leaves
@@ -54,6 +55,7 @@ DATACLASS_ROOTS: dict[str, type] = {
     "critic": CriticConfig,
     "algorithm": AlgoConfig,
     "reward_model.profiler": RoleProfilerConfig,
+    "async_training": AsyncTrainingConfig,
 }
 
 # Tables: one per top-level section, except actor_rollout_ref, which gets one per sub-section.

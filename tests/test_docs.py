@@ -258,7 +258,12 @@ def computed_metric_names() -> set[str]:
     from verl.checkpoint_engine import ColocatedCheckpointEngine
     from verl.protocol import DataProto
     from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, FixedKLController
-    from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_throughout_metrics, compute_timing_metrics
+    from verl.trainer.ppo.metric_utils import (
+        compute_data_metrics,
+        compute_staleness_metrics,
+        compute_throughout_metrics,
+        compute_timing_metrics,
+    )
     from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask
     from verl.trainer.ppo.utils import apply_kl_penalty
     from verl.utils.seqlen_balancing import log_seqlen_unbalance
@@ -290,6 +295,10 @@ def computed_metric_names() -> set[str]:
     names: set[str] = set()
     timing = {stage: 0.5 for stage in timed_stages()}
     names |= set(compute_data_metrics(batch, use_critic=True))
+    ranges = np.empty(bs, dtype=object)
+    ranges[:] = [[[0, resp_len, 2]]] * bs
+    batch.non_tensor_batch["weight_version_ranges"] = ranges
+    names |= set(compute_staleness_metrics(batch, 3))
     names |= set(compute_timing_metrics(batch, timing))
     names |= set(compute_throughout_metrics(batch, timing, 2))
     names |= set(log_seqlen_unbalance([3, 5, 7, 9], [[0, 3], [1, 2]]))

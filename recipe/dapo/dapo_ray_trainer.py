@@ -1,7 +1,8 @@
 """``RayDAPOTrainer``: the PPO trainer as DAPO's recipe (Yu et al., 2025, arXiv:2503.14476) uses it.
 
 Everything DAPO changes is already a setting of the trainer, so this class adds no training logic and does not
-override ``fit()``: dynamic sampling is the trainer's ``algorithm.filter_groups`` (it also logs
+override ``fit()``: dynamic sampling is the trainer's default rollout filter (``algorithm.filter_groups``: the
+``_create_rollout_filter`` hook returns it, and every mode's rollout source applies it; it also logs
 ``train/num_gen_batches``), the overlong punishment is the ``dapo`` reward manager's ``reward_model.overlong_buffer``,
 Clip-Higher and the token-level loss are the actor's ``clip_ratio_low`` / ``clip_ratio_high`` / ``loss_agg_mode``.
 Because it keeps the trainer's own ``fit()``, the recipe runs in every mode the trainer implements (``trainer.mode``).

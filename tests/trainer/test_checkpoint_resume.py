@@ -228,6 +228,14 @@ def test_a_killed_worker_stops_the_run_and_the_resumed_run_matches(tmp_path, str
         "global_step_4",
     ]
     assert tracker.read_text().strip() == "4"
+    # the trainer state written at the end is the uninterrupted run's (random states aside: pickled generators)
+    from verl.utils.checkpoint.checkpoint_manager import TRAINER_STATE_FILE, load_state_file
+
+    ours = load_state_file(str(ckpt / "global_step_4" / TRAINER_STATE_FILE))
+    theirs = load_state_file(str(straight_dir / "ckpt" / "global_step_4" / TRAINER_STATE_FILE))
+    keys = ("global_steps", "epoch", "weight_version", "kl_coef", "source", "roles")
+    assert {k: ours[k] for k in keys} == {k: theirs[k] for k in keys}
+    assert (ours["global_steps"], ours["epoch"], ours["weight_version"]) == (4, 1, 4)  # one weight push per step
 
 
 @pytest.mark.timeout(900)

@@ -221,6 +221,9 @@ def test_demo_learns_out_of_the_box(main_runs):
         assert_finite(data, "timing_s/gen", "timing_s/update_actor", "timing_s/step", "perf/time_per_step")
         assert data["perf/throughput"] > 0 and data["timing_s/step"] >= data["timing_s/update_actor"] > 0
         assert 1 <= data["response_length/mean"] <= 8 and data["prompt_length/mean"] > 0  # 8 response tokens
+        # sync: step k trains samples of weight version k - 1 (one push per step), from version k - 1: lag 0
+        assert data["async/weight_version"] == record["step"] - 1
+        assert data["async/staleness/mean"] == data["async/staleness/max"] == 0
     grad_norms = series(records, "actor/grad_norm")
     assert min(grad_norms) >= 0 and sum(g > 0 for g in grad_norms) >= len(grad_norms) // 2, grad_norms
 

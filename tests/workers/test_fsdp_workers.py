@@ -142,14 +142,24 @@ def test_generation_shapes_masks_and_log_probs(hybrid, tiny_model_dir):
     assert max(recompute.meta_info["metrics"]["training/rollout_probs_diff_max"]) < 1e-4
 
 
-def test_same_seed_same_samples_and_sleep_wake_restores_generation(hybrid):
+def test_same_seed_same_samples_and_generation_never_syncs_weights(hybrid):
+    """sleep / wake_up are about memory only and the weight push is its own call: a sleeping engine refuses to
+    generate, a woken hf engine (its weights were dropped) refuses until a push, and a push names the version."""
     first = hybrid.generate_sequences(prompts())
-    held = hybrid.sleep()  # generate already left the engine asleep: its weights are gone
+    held = hybrid.sleep()
     if hybrid.engine == "hf":  # vLLM cannot sleep on CPU (a documented no-op)
         assert all(b < 1024 for b in held)
-    again = hybrid.generate_sequences(prompts())  # wakes, syncs (verified), generates
+    with pytest.raises(Exception, match="the rollout engine is asleep .* push the weights"):
+        hybrid.generate_sequences(prompts())
+    hybrid.wake_up()
+    if hybrid.engine == "hf":
+        with pytest.raises(Exception, match="woken but never loaded"):
+            hybrid.generate_sequences(prompts())
+    hybrid.update_weights(version=7)  # the push (verified)
+    again = hybrid.generate_sequences(prompts())
     assert torch.equal(first.batch["responses"], again.batch["responses"])
     assert torch.equal(first.batch["rollout_log_probs"], again.batch["rollout_log_probs"])
+    assert again.meta_info["weight_version"] == 7
     other_step = prompts()
     other_step.meta_info["global_steps"] = 2
     assert not torch.equal(hybrid.generate_sequences(other_step).batch["responses"], first.batch["responses"])
@@ -280,5 +290,6 @@ def test_save_and_load_checkpoint_restore_the_actor(hybrid, tmp_path):
     assert not torch.equal(hybrid.compute_log_prob(batch).batch["old_log_probs"], saved)
     hybrid.load_checkpoint(str(tmp_path / "actor"))
     torch.testing.assert_close(hybrid.compute_log_prob(batch).batch["old_log_probs"], saved, rtol=0, atol=0)
-    again = hybrid.generate_sequences(prompts())  # the engine is re-synced from the restored weights
+    hybrid.update_weights()  # the restored weights into the engine
+    again = hybrid.generate_sequences(prompts())
     torch.testing.assert_close(again.batch["rollout_log_probs"], batch.batch["rollout_log_probs"], rtol=0, atol=0)

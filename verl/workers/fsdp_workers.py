@@ -5,8 +5,11 @@ Thin by design: each registered method moves data in and out and delegates to th
 engine (`verl.workers.rollout`) and the weight-sync engine (`verl.checkpoint_engine`).
 
 In the hybrid engine (role ``actor_rollout`` or ``actor_rollout_ref``) the trainer and the rollout engine share the
-process: the engine sleeps (frees its weights and KV cache) after generating and is woken with fresh weights by
-``update_weights``. A generate call on a sleeping engine wakes and syncs it first.
+process. Three single-purpose calls, each the driver's to make: ``update_weights(version)`` pushes the actor's
+weights into the engine as weight version ``version`` (waking the memory it loads into), ``sleep`` frees the
+engine's memory, ``wake_up`` restores it. Generation never syncs weights: an engine whose weights were freed
+refuses to generate until the next push, and one generating while the actor has been updated since the last push
+logs a warning (its samples come from the older version, which they record).
 
 The rollout worker is also a *server*: ``generate(request_id, *, prompt_ids, sampling_params, ...)`` (veRL's server
 call) and ``abort_requests`` are :func:`~verl.single_controller.base.decorator.server_method` s, which Ray runs in
@@ -150,13 +153,15 @@ class ActorRolloutRefWorker(ProfiledWorker):
             )
         self.ref_config = build_ref_config(config.get("ref", {}), model=self.model_config) if self._is_ref else None
         self.verify_weight_sync = bool(int(os.environ.get("VERL_VERIFY_WEIGHT_SYNC", "0")))
-        self._rollout_asleep = False
+        self._rollout_asleep = False  # the engine's memory is released (sleep); says nothing about its weights
+        self._actor_ahead = False  # the actor changed since the last push (update_actor, load_checkpoint)
         _register_meshes(self)
 
     # ------------------------------------------------------------------ set-up
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        """Build the engines of this worker's roles (every rank together); sync the rollout once."""
+        """Build the engines of this worker's roles (every rank together); the rollout gets the actor's weights as
+        version 0."""
         model = self.model_config
         common = {
             "enable_gradient_checkpointing": model.enable_gradient_checkpointing,
@@ -185,23 +190,16 @@ class ActorRolloutRefWorker(ProfiledWorker):
             self.rollout = get_rollout_class(cfg.name)(config=cfg, model_path=model.path, device=get_device_name())
             self.checkpoint_engine = get_checkpoint_engine(cfg.checkpoint_engine, dtype=cfg.dtype)
             if self._is_actor:
-                self.update_weights()
-            if cfg.free_cache_engine:
-                self.sleep()
+                self.update_weights(version=0)
 
     # ------------------------------------------------------------------ rollout
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="rollout"))
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Generate responses for this rank's prompts (waking and syncing a sleeping engine first)."""
-        if not self._is_rollout:
-            raise RuntimeError(f"generate_sequences on a worker of role {self.role!r}, which has no rollout engine")
-        if self._rollout_asleep:
-            self.wake_up()
+        """Generate responses for this rank's prompts with the engine's current weights."""
+        self._check_serving("generate_sequences")
         start = time.perf_counter()
         output = self.rollout.generate_sequences(prompts)
         seconds = time.perf_counter() - start
-        if self.rollout_config.free_cache_engine:
-            self.sleep()
         output.meta_info.setdefault("metrics", {})["timing_s/generate_sequences"] = seconds
         return output
 
@@ -246,8 +244,16 @@ class ActorRolloutRefWorker(ProfiledWorker):
             raise RuntimeError(f"generate on a worker of role {self.role!r}, which has no rollout engine")
         if self._rollout_asleep:
             raise RuntimeError(
-                f"generate({request_id!r}) on rank {self.rank}: the rollout engine is asleep (its weights are "
-                "released); wake it first (wake_up)"
+                f"generate({request_id!r}) on rank {self.rank}: the rollout engine is asleep (its memory is "
+                "released); push the weights (checkpoint_manager.update_weights()) or wake it first"
+            )
+        if self._actor_ahead:
+            self._actor_ahead = False  # warned once per push
+            logger.warning(
+                "rank %d: the rollout generates with weight version %d while the actor has changed since that push; "
+                "call checkpoint_manager.update_weights() after update_actor to generate with the new weights",
+                self.rank,
+                self.rollout.weight_version,
             )
 
     @server_method
@@ -271,26 +277,28 @@ class ActorRolloutRefWorker(ProfiledWorker):
             )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def update_weights(self) -> dict[str, float]:
-        """Wake the rollout engine and load the actor's current weights into it (verified when asked)."""
+    def update_weights(self, version: int | None = None) -> dict[str, float]:
+        """Load the actor's current weights into the rollout engine as weight version ``version`` (default: the
+        engine's version + 1), waking the memory they load into (verified when asked)."""
         if not (self._is_actor and self._is_rollout):
             raise RuntimeError(f"update_weights needs the actor and the rollout in one worker, role is {self.role!r}")
         self._check_idle("update_weights")
         self.rollout.wake_up(["weights"])
         bucket = self.rollout_config.checkpoint_engine.update_weights_bucket_megabytes * 2**20
-        with self.rollout.weight_update():  # all buckets are one weight load: one new version
+        with self.rollout.weight_update(version):  # all buckets are one weight load: one new version
             stats = self.checkpoint_engine.send_weights(
                 self.actor_engine.iter_full_state_dict(bucket_bytes=bucket),
                 self.rollout,
                 verify=self.verify_weight_sync,
             )
         self.rollout.wake_up(["kv_cache"])
-        self._rollout_asleep = False
+        self._rollout_asleep = self._actor_ahead = False
         return {f"weight_sync/{k}": v for k, v in stats.items()}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sleep(self) -> int:
-        """Put the rollout engine to sleep; returns the bytes it still holds."""
+        """Put the rollout engine to sleep (free its weights and KV cache where it can); returns the bytes it still
+        holds."""
         self._check_idle("sleep")
         self.rollout.sleep()
         self._rollout_asleep = True
@@ -298,13 +306,10 @@ class ActorRolloutRefWorker(ProfiledWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def wake_up(self) -> int:
-        """Wake a sleeping rollout engine with the actor's current weights (or its own, for a rollout-only worker);
-        an awake engine stays as it is."""
-        if not self._rollout_asleep:
-            return self.rollout.memory_bytes()
-        if self._is_actor:
-            self.update_weights()
-        else:
+        """Restore a sleeping rollout engine's memory (weights and KV cache); returns the bytes it holds. Memory
+        only: an engine that dropped its weights (the hf engine) holds no values until the next weight push and
+        refuses to generate until then."""
+        if self._rollout_asleep:
             self.rollout.wake_up(["weights", "kv_cache"])
             self._rollout_asleep = False
         return self.rollout.memory_bytes()
@@ -380,6 +385,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
         if not self._is_actor:
             raise RuntimeError(f"update_actor on a worker of role {self.role!r}, which has no actor")
         self._check_idle("update_actor")
+        self._actor_ahead = self._is_rollout
         data.meta_info.setdefault("temperature", self.rollout_config.temperature if self.rollout_config else 1.0)
         start = time.perf_counter()
         with self.actor_engine.on_device():
@@ -403,10 +409,9 @@ class ActorRolloutRefWorker(ProfiledWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False):
-        """Load what :meth:`save_checkpoint` wrote; the rollout is re-synced on its next wake-up."""
+        """Load what :meth:`save_checkpoint` wrote; the rollout keeps its weights until the next push."""
         self.actor_engine.load_checkpoint(local_path)
-        if self._is_rollout:
-            self._rollout_asleep = True
+        self._actor_ahead = self._is_rollout
 
 
 class CriticWorker(ProfiledWorker):

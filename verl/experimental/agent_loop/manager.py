@@ -1,11 +1,12 @@
 """`AgentLoopManager`: the driver's one generation path (veRL's ``trainer.async_rollout_manager``).
 
 ``generate_sequences(prompts)`` takes prompt rows already repeated ``n`` times (veRL's call pattern), fills what the
-agent loops need and the caller may not have set (EOS / pad ids, the step, per-sample seeding indices), wakes the
-hybrid engines, splits the rows over the agent-loop workers, joins their batches, puts the engines back to sleep
-(``rollout.free_cache_engine``) and returns the batch with ``meta_info``: ``timing`` (``generate_sequences``: the
-wall time), ``metrics`` (``agent_loop/*`` and the per-sample rewards' ``reward/*`` counts), ``reward_extra_keys``
-and ``weight_version``.
+agent loops need and the caller may not have set (EOS / pad ids, the step, per-sample seeding indices), splits the
+rows over the agent-loop workers, joins their batches and returns the batch with ``meta_info``: ``timing``
+(``generate_sequences``: the wall time), ``metrics`` (``agent_loop/*`` and the per-sample rewards' ``reward/*``
+counts), ``reward_extra_keys`` and ``weight_version`` (the newest version that generated a token); each sample's
+``weight_version_ranges`` say which version generated which of its tokens. Generation uses the weights the
+engines hold: memory (``wake_up`` / ``sleep``) and the weight push are the trainer's calls, never made here.
 
 The replicas are the rollout engines inside the training workers (hybrid placement: one replica per worker, each a
 server through the worker's :func:`~verl.single_controller.base.decorator.server_method` s). The agent-loop
@@ -158,7 +159,6 @@ class AgentLoopManager:
             gen.batch["prompt_index"] = torch.arange(len(gen))
         if "sample_index" not in gen.batch.keys():
             gen.batch["sample_index"] = sample_indices(gen.batch["prompt_index"])
-        self.wake_up()
         pieces = _split(gen, len(self.agent_loop_workers))
         refs = [worker.generate_sequences.remote(piece) for worker, piece in zip(self.agent_loop_workers, pieces)]
         try:
@@ -166,8 +166,6 @@ class AgentLoopManager:
         except (RayTaskError, RayActorError) as e:
             self._raise_if_a_server_died(e)
             raise
-        if self.rollout_config.free_cache_engine:
-            self.sleep()
         metas = [out.meta_info for out in outputs]
         for out in outputs:
             out.meta_info = {}
@@ -215,9 +213,10 @@ class AgentLoopManager:
 
     # ------------------------------------------------------------------ memory
     def wake_up(self) -> None:
-        """Wake the replicas (a sleeping hybrid engine is synced with the actor's weights); awake ones stay."""
+        """Restore the replicas' memory (memory only: a hybrid engine that dropped its weights needs a weight push
+        before it generates)."""
         self.worker_group.wake_up()
 
     def sleep(self) -> None:
-        """Free the replicas' memory (hybrid: until the next generation or weight sync)."""
+        """Free the replicas' memory (hybrid: until the next weight push)."""
         self.worker_group.sleep()

@@ -4,7 +4,8 @@ Prompts are left-padded to ``rollout.prompt_length`` and responses right-padded 
 (veRL's layout). Output tensors: ``prompts``, ``responses``, ``input_ids``, ``attention_mask``, ``position_ids``,
 ``response_mask`` (1 on the tokens the model generated, 0 on tool / user tokens and padding), ``rollout_log_probs``
 (when every loop returned log-probs) and ``rm_scores`` (when every sample was scored); non-tensor columns:
-``__num_turns__``, each ``reward_extra_info`` key, and every ``extra_fields`` key.
+``__num_turns__``, ``weight_version_ranges`` (see :func:`version_ranges`), each ``reward_extra_info`` key, and every
+``extra_fields`` key.
 """
 
 from __future__ import annotations
@@ -20,7 +21,15 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 from verl.protocol import DataProto
 from verl.workers.rollout.request import sequence_tensors
 
-__all__ = ["SampleResult", "agent_loop_metrics", "object_column", "pad_sample", "rows_to_tensors", "samples_to_batch"]
+__all__ = [
+    "SampleResult",
+    "agent_loop_metrics",
+    "object_column",
+    "pad_sample",
+    "rows_to_tensors",
+    "samples_to_batch",
+    "version_ranges",
+]
 
 
 @dataclass
@@ -33,6 +42,26 @@ class SampleResult:
     rows: dict[str, list]
     reward: torch.Tensor | None = None  # (1, response_length)
     reward_extra: dict[str, Any] = field(default_factory=dict)
+    token_versions: list[int] = field(default_factory=list)  # the weight version of each generated token, in order
+
+
+def version_ranges(response_mask: Sequence[int], token_versions: Sequence[int]) -> list[list[int]]:
+    """``[start, end, version]`` runs (end exclusive) over a sample's response positions: the k-th token the model
+    generated (mask 1) has the k-th version of ``token_versions``; a tool or user token (mask 0) the version of the
+    model token before it (the first one's at the start). Empty when no version was recorded."""
+    if not token_versions:
+        return []
+    ranges: list[list[int]] = []
+    generated, version = 0, int(token_versions[0])
+    for position, mask in enumerate(response_mask):
+        if mask:
+            version = int(token_versions[min(generated, len(token_versions) - 1)])
+            generated += 1
+        if ranges and ranges[-1][2] == version:
+            ranges[-1][1] = position + 1
+        else:
+            ranges.append([position, position + 1, version])
+    return ranges
 
 
 def pad_sample(
@@ -98,7 +127,10 @@ def samples_to_batch(results: Sequence[SampleResult]) -> DataProto:
     if all(r.reward is not None for r in results):
         tensors["rm_scores"] = torch.cat([r.reward for r in results])
     non_tensors: dict[str, np.ndarray] = {
-        "__num_turns__": np.array([r.output.num_turns for r in results], dtype=np.int32)
+        "__num_turns__": np.array([r.output.num_turns for r in results], dtype=np.int32),
+        "weight_version_ranges": object_column(
+            [version_ranges(r.output.response_mask, r.token_versions) for r in results]
+        ),
     }
     reward_keys = _ordered_keys(r.reward_extra for r in results)
     for key in reward_keys:

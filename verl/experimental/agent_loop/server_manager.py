@@ -13,6 +13,9 @@
   ``generate_wave(requests)``, which submits them together, in the order the loops asked — the same engine batch
   on every run, whatever the timing — and streams each output back as it finishes (a Ray streaming generator: one
   call instead of one per request).
+- **Weight versions per sample**: inside :func:`record_token_versions` (the agent-loop worker opens one per sample),
+  the weight version of every token the sample's ``generate`` calls return is recorded, in order, whatever the
+  agent loop does with the outputs.
 """
 
 from __future__ import annotations
@@ -20,13 +23,36 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from verl.workers.rollout.replica import TokenOutput
 from verl.workers.rollout.request import sample_seed
 
-__all__ = ["AsyncLLMServerManager", "ServerHandle"]
+__all__ = ["AsyncLLMServerManager", "ServerHandle", "record_token_versions"]
+
+# The versions of the tokens generated for the sample whose asyncio task (and its child tasks) this is.
+_TOKEN_VERSIONS: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("token_versions", default=None)
+
+
+def record_token_versions() -> list[int]:
+    """From now on, in the calling asyncio task and the tasks it starts, record the weight version of each token that
+    :meth:`AsyncLLMServerManager.generate` returns; returns the list that fills, in the order the tokens came."""
+    versions: list[int] = []
+    _TOKEN_VERSIONS.set(versions)
+    return versions
+
+
+def _note_versions(output: TokenOutput) -> None:
+    recorder = _TOKEN_VERSIONS.get()
+    if recorder is None:
+        return
+    versions = list(output.weight_versions)
+    if len(versions) != len(output.token_ids):  # an engine that reports no per-token versions: its last one
+        last = output.extra_fields.get("global_steps")
+        versions = [] if last is None else [int(last)] * len(output.token_ids)
+    recorder.extend(versions)
 
 
 class ServerHandle:
@@ -156,14 +182,17 @@ class AsyncLLMServerManager:
                 future = asyncio.get_running_loop().create_future()  # sent with its wave
                 request = {"request_id": server_id, "prompt_ids": list(prompt_ids), "sampling_params": params}
                 self._parked.append((server, request, future))
-                return await future
-            return await handle.generate.remote(
-                server_id,
-                prompt_ids=list(prompt_ids),
-                sampling_params=params,
-                image_data=image_data,
-                video_data=video_data,
-            )
+                output = await future
+            else:
+                output = await handle.generate.remote(
+                    server_id,
+                    prompt_ids=list(prompt_ids),
+                    sampling_params=params,
+                    image_data=image_data,
+                    video_data=video_data,
+                )
+            _note_versions(output)
+            return output
         finally:
             self.outstanding[server] -= 1
             if self._in_flight.get(request_id) == server_id:

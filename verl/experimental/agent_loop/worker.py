@@ -37,7 +37,7 @@ from verl.experimental.agent_loop.postprocess import (
     rows_to_tensors,
     samples_to_batch,
 )
-from verl.experimental.agent_loop.server_manager import AsyncLLMServerManager
+from verl.experimental.agent_loop.server_manager import AsyncLLMServerManager, record_token_versions
 from verl.protocol import DataProto
 from verl.workers.config.builders import build_rollout_config
 from verl.workers.reward_manager.abstract import RewardFunctionError, align_extra_info
@@ -172,6 +172,7 @@ class AgentLoopWorkerBase:
             dataset_cls=self.dataset_cls,
             dataset_config=self._data_wrap,
         )
+        token_versions = record_token_versions()  # this sample's task: its generate calls' token versions
         output = await loop.run(sampling_params, **fields)
         if not isinstance(output, AgentLoopOutput):
             raise TypeError(
@@ -181,7 +182,7 @@ class AgentLoopWorkerBase:
         rollout = self.rollout_config
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         rows = pad_sample(output, agent_name, rollout.prompt_length, rollout.response_length, int(pad or 0))
-        result = SampleResult(agent_name, output, rows)
+        result = SampleResult(agent_name, output, rows, token_versions=token_versions)
         await self._score(result, fields, scorer)
         return result
 

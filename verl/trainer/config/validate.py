@@ -4,8 +4,9 @@ Each problem names the key, the value and the fix. Checks: keys that the schema 
 ``ppo_trainer`` config, plus what a recipe's own yaml declares: `verl.trainer.config.schema`; ``_target_`` keys
 are accepted anywhere), values of the wrong type, the config dataclasses' own validation, batch sizes that do not
 divide over the workers, the rollout engine's limits (``rollout.mode``, vLLM's tensor-parallel size), the
-profiler, and keys verl accepts but does not act on (`verl.trainer.config.unread`: a value without effect here
-logs a warning; a value whose meaning verl would get wrong is an error). With ``check_environment``, also what
+``async_training`` settings against ``trainer.mode``, the profiler, and keys verl accepts but does not act on
+(`verl.trainer.config.unread`: a value without effect here logs a warning; a value whose meaning verl would get
+wrong is an error). With ``check_environment``, also what
 this machine must have: the rollout engine's package, the local model folders and the ``model.external_lib``
 modules.
 """
@@ -24,7 +25,9 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from verl.base_config import omega_conf_to_dataclass
 from verl.trainer.config.algorithm import SUM_PI_SQUARED_ESTIMATORS, AlgoConfig
+from verl.trainer.config.async_training import AsyncTrainingConfig
 from verl.trainer.config.compose import CONFIG_DIR, compose_config, is_group_override
+from verl.trainer.config.derived import async_training_config, uses_bypass_mode
 from verl.trainer.config.schema import running_schema
 from verl.trainer.config.unread import report_unread
 from verl.workers.config import ActorConfig, CriticConfig, HFModelConfig, RefConfig, RolloutConfig
@@ -184,6 +187,48 @@ def _trainer(config: Any, problems: list[str]) -> None:
     if world_size(config) < 1:
         problems.append("trainer.n_gpus_per_node × trainer.nnodes must be at least 1")
     _resume(config.trainer, problems)
+    _async_training(config, mode, problems)
+
+
+def _async_training(config: Any, mode: str, problems: list[str]) -> None:
+    """``async_training.*`` against ``trainer.mode`` (the keys' meanings: `AsyncTrainingConfig`)."""
+    try:
+        settings = async_training_config(config)
+    except (ValueError, TypeError) as e:
+        problems.append(str(e))
+        return
+    if settings.partial_rollout:
+        problems.append(
+            "async_training.partial_rollout=true needs trainer.mode=separate_async, which is not available yet; "
+            "set it false"
+        )
+    if mode == "sync":
+        if settings.trigger_parameter_sync_step != 1:
+            problems.append(
+                f"async_training.trigger_parameter_sync_step={settings.trigger_parameter_sync_step}: trainer.mode=sync "
+                "pushes the weights after every update (1); generating with older weights is an async mode"
+            )
+        defaults = AsyncTrainingConfig()
+        ignored = [
+            f"{k}={getattr(settings, k)}"
+            for k in ("max_lag", "staleness_threshold")
+            if getattr(settings, k) != getattr(defaults, k)
+        ]
+        if ignored:
+            logger.warning(
+                "async_training.%s: no effect with trainer.mode=sync, which always trains on the newest weights "
+                "(lag 0)",
+                ", async_training.".join(ignored),
+            )
+    if settings.require_batches is not None:
+        mini, batch = config.actor_rollout_ref.actor.ppo_mini_batch_size, config.data.train_batch_size
+        if settings.require_batches * mini != batch:
+            problems.append(
+                f"async_training.require_batches={settings.require_batches} × actor_rollout_ref.actor."
+                f"ppo_mini_batch_size={mini} = {settings.require_batches * mini} prompts per step, but "
+                f"data.train_batch_size={batch}: the trainer takes data.train_batch_size prompts per step; make them "
+                "agree or leave require_batches null"
+            )
 
 
 def _resume(trainer: Any, problems: list[str]) -> None:
@@ -388,8 +433,12 @@ def _estimator(config: Any, problems: list[str]) -> None:
             f"data.gen_batch_size={data.gen_batch_size} differs from data.train_batch_size={data.train_batch_size}: "
             "only dynamic sampling (algorithm.filter_groups.enable=true) generates more prompts than it trains on"
         )
-    if estimator in SUM_PI_SQUARED_ESTIMATORS and config.algorithm.rollout_correction.bypass_mode:
-        problems.append(f"algorithm.adv_estimator={estimator!r} needs the old-log-prob pass, which bypass_mode skips")
+    with contextlib.suppress(ValueError, TypeError):  # a bad async_training section is reported on its own
+        if estimator in SUM_PI_SQUARED_ESTIMATORS and uses_bypass_mode(config):
+            problems.append(
+                f"algorithm.adv_estimator={estimator!r} needs the old-log-prob pass, which the bypass mode skips "
+                "(algorithm.rollout_correction.bypass_mode or async_training.use_rollout_log_probs)"
+            )
 
 
 def _overlong_buffer(config: Any, problems: list[str]) -> None:

@@ -18,6 +18,7 @@ __all__ = [
     "bootstrap_metric",
     "calc_maj_val",
     "compute_data_metrics",
+    "compute_staleness_metrics",
     "compute_throughout_metrics",
     "compute_timing_metrics",
     "process_validation_metrics",
@@ -34,6 +35,20 @@ def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
         f"{prefix}/max": float(values.max()),
         f"{prefix}/min": float(values.min()),
     }
+
+
+def compute_staleness_metrics(batch: DataProto, weight_version: int) -> dict[str, float]:
+    """``async/weight_version``: the version of the weights the step trains from; ``async/staleness/{mean,max}``:
+    over the samples, how many versions older than that the oldest token of each is (from each sample's
+    ``weight_version_ranges``; samples without recorded versions are left out). 0 in ``sync``."""
+    metrics = {"async/weight_version": float(weight_version)}
+    ranges = batch.non_tensor_batch.get("weight_version_ranges")
+    oldest = [min(v for _, _, v in sample) for sample in ranges if len(sample)] if ranges is not None else []
+    if oldest:
+        staleness = weight_version - np.asarray(oldest, dtype=np.float64)
+        metrics["async/staleness/mean"] = float(staleness.mean())
+        metrics["async/staleness/max"] = float(staleness.max())
+    return metrics
 
 
 def compute_data_metrics(batch: DataProto, use_critic: bool = True) -> dict[str, float]:

@@ -1,9 +1,12 @@
-"""`RayPPOTrainer`: the single-controller PPO/GRPO loop over worker groups (the ``sync`` trainer mode).
+"""`RayPPOTrainer`: the single-controller PPO/GRPO loop over worker groups, one trainer for every ``trainer.mode``.
 
-``fit()`` runs one step per training batch: a rollout (``_rollout``: gen → gen_max → reward; several with DAPO's
-dynamic sampling) and an update (``_finish_step``: old_log_prob → ref → values → adv → update_critic →
-update_actor → update_weights → testing → save_checkpoint). Each stage is timed under veRL's timer name
-(``timing_s/<name>``), all inside ``step``.
+``fit()`` runs one step per training batch, the same named stages in every mode: the batch comes from the mode's
+rollout source (``rollout_source.next_batch``: gen → gen_max → reward, scheduled by the mode; several generation
+batches with DAPO's dynamic sampling, a filter on the source), then the update (``_finish_step``: old_log_prob →
+ref → values → adv → update_critic → update_actor → update_weights → testing → save_checkpoint). Each stage is
+timed under veRL's timer name (``timing_s/<name>``), all inside ``step``. What a checkpoint restores is one object,
+``trainer.state`` (:class:`~verl.trainer.ppo.trainer_state.TrainerState`: step, epoch, weight version, KL
+coefficient, data position, the source's state).
 
 A recipe's own ``fit()`` (a subclass, written in veRL's recipe style) finds veRL's helpers here with veRL's
 arguments and return values, and the stages of our ``fit()`` are built on the same helpers: ``_get_gen_batch``,
@@ -17,6 +20,7 @@ arguments and return values, and the stages of our ``fit()`` are built on the sa
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections import defaultdict
 from collections.abc import Iterator
@@ -24,16 +28,18 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from verl.experimental.dataset.sampler import AbstractCurriculumSampler
 from verl.protocol import DataProto
 from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup, create_colocated_worker_cls
 from verl.single_controller.ray.base import WorkerDiedError
+from verl.trainer.config.derived import total_training_steps, uses_bypass_mode, with_derived_settings
 from verl.trainer.ppo.core_algos import AdvantageEstimator, compute_pf_ppo_reweight_data, get_kl_controller
 from verl.trainer.ppo.dynamic_sampling import StepState, accumulate_groups
 from verl.trainer.ppo.metric_utils import (
     compute_data_metrics,
+    compute_staleness_metrics,
     compute_throughout_metrics,
     compute_timing_metrics,
     reduce_metrics,
@@ -41,7 +47,9 @@ from verl.trainer.ppo.metric_utils import (
 from verl.trainer.ppo.reward import compute_reward_with_metrics
 from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode, compute_rollout_correction_and_add_to_batch
 from verl.trainer.ppo.rollout_manager import CheckpointManager, create_rollout_manager
+from verl.trainer.ppo.rollout_source import PromptStream, RolloutFilter, get_rollout_source_class
 from verl.trainer.ppo.trainer_checkpoint import load_trainer_checkpoint, save_trainer_checkpoint
+from verl.trainer.ppo.trainer_state import TrainerState
 from verl.trainer.ppo.utils import (
     ResourcePoolManager,
     Role,
@@ -81,7 +89,8 @@ class RayPPOTrainer:
     """The driver: owns the data, the reward function and the worker groups, and runs the training loop.
 
     Args:
-        config: the full trainer config (validated); never modified — derived values go into ``self.config``, a copy.
+        config: the full trainer config (validated); never modified — ``self.config`` is a resolved copy with the
+            derived settings filled in once, here (:func:`~verl.trainer.config.derived.with_derived_settings`).
         tokenizer: the policy's tokenizer (decoding for rewards, EOS / pad ids).
         role_worker_mapping: ``{Role: worker class}`` (a plain class or a ``ray.remote`` one).
         resource_pool_manager: where each role runs.
@@ -120,21 +129,34 @@ class RayPPOTrainer:
         # the reference policy runs inside the actor's workers (role actor_rollout_ref): ref_policy_wg is that group
         self.ref_in_actor = self.use_reference_policy
         self.async_rollout_mode = True  # as veRL: rollout.mode=sync takes the same (server / agent-loop) path
-        self.global_steps = 0
-        self._current_epoch: int | None = None  # set by fit(); a recipe's own fit() falls back to veRL's rule
         profiler = self.config.get("global_profiler") or {}
         self._profile_steps = set(profiler.get("steps") or []) if profiler.get("tool") else set()
         self._profile_continuous = bool(profiler.get("profile_continuous_steps", False))
         algo = self.config.algorithm
         self.kl_ctrl_in_reward = get_kl_controller(algo.kl_ctrl) if algo.use_kl_in_reward else None
         correction = algo.get("rollout_correction") or {}
-        self.bypass_mode = bool(correction.get("bypass_mode", False))
+        self.bypass_mode = uses_bypass_mode(self.config)
         self.rollout_correction = bool(correction.get("rollout_is") or correction.get("rollout_rs"))
-        self.filter_groups = bool((algo.get("filter_groups") or {}).get("enable", False))
         self.train_dataset, self.val_dataset = train_dataset, val_dataset
         trainer = self.config.trainer
         self.generations_logger = ValidationGenerationsLogger(trainer.project_name, trainer.experiment_name)
         self._create_dataloader(train_dataset, val_dataset, collate_fn, train_sampler)
+        self.total_training_steps = total_training_steps(self.config, len(self.train_dataloader))
+        self.config = with_derived_settings(self.config, self.total_training_steps)
+        self.state = TrainerState(kl_ctrl=self.kl_ctrl_in_reward, dataloader=self.train_dataloader)
+        self.rollout_filter = self._create_rollout_filter()
+        self.rollout_source = get_rollout_source_class(trainer.mode)(self)
+        self.state.source = self.rollout_source
+        self.prompts: PromptStream | None = None  # the training prompts, from fit(); a recipe's fit() reads the loader
+
+    @property
+    def global_steps(self) -> int:
+        """veRL's step counter: ``state.global_steps`` (the step in progress, or the last one trained)."""
+        return self.state.global_steps
+
+    @global_steps.setter
+    def global_steps(self, value: int) -> None:
+        self.state.global_steps = int(value)
 
     # ------------------------------------------------------------------ set-up
     def _create_dataloader(self, train_dataset: Any, val_dataset: Any, collate_fn: Any, train_sampler: Any) -> None:
@@ -164,19 +186,15 @@ class RayPPOTrainer:
                 f"data.train_files give {len(train_dataset)} prompts, fewer than one batch of data.train_batch_size="
                 f"{data.train_batch_size}"
             )
-        total = len(self.train_dataloader) * self.config.trainer.total_epochs
-        if self.config.trainer.total_training_steps is not None:
-            total = int(self.config.trainer.total_training_steps)
-        self.total_training_steps = total
-        # derived, into this trainer's own copy: the schedules need the run length
-        with open_dict(self.config):
-            self.config.actor_rollout_ref.actor.optim.total_training_steps = total
-            self.config.critic.optim.total_training_steps = total
-            if self.bypass_mode:  # the actor's loss reads the rollout-correction settings (veRL does the same)
-                policy_loss = self.config.actor_rollout_ref.actor.policy_loss
-                logger.info("rollout_correction.bypass_mode: actor loss %r → 'bypass_mode'", policy_loss.loss_mode)
-                policy_loss.loss_mode = "bypass_mode"
-                policy_loss.rollout_correction = self.config.algorithm.rollout_correction
+
+    def _create_rollout_filter(self) -> RolloutFilter | None:
+        """The rollout filter hook: what the rollout source applies to each scored generation batch (keep part of
+        it, and ask for more until the training batch is full). Default: DAPO's dynamic sampling
+        (``algorithm.filter_groups``, :func:`~verl.trainer.ppo.dynamic_sampling.accumulate_groups`) when enabled,
+        else none. A recipe overrides this to filter its own way."""
+        if not (self.config.algorithm.get("filter_groups") or {}).get("enable", False):
+            return None
+        return functools.partial(accumulate_groups, config=self.config)
 
     def init_workers(self) -> None:
         """Create the pools and one fused worker per bundle for the roles of each pool; build their models."""
@@ -220,7 +238,9 @@ class RayPPOTrainer:
             val_reward_fn=None if self.use_rm else self.val_reward_fn,
             step=lambda: self.global_steps,
         )
-        self.checkpoint_manager = CheckpointManager(self.actor_rollout_wg)
+        self.checkpoint_manager = CheckpointManager(
+            self.actor_rollout_wg, self.state, free_cache_engine=self.config.actor_rollout_ref.rollout.free_cache_engine
+        )
         if self.config.actor_rollout_ref.rollout.get("skip_rollout", False):
             RolloutSkip(self.config, self.async_rollout_manager).wrap_generate_sequences()
 
@@ -254,7 +274,7 @@ class RayPPOTrainer:
         batch = batch.select(batch_keys=list(batch.batch.keys()))  # a shallow copy: _get_gen_batch pops from it
         gen = self._get_gen_batch(batch)
         gen.batch["prompt_index"] += first_prompt
-        gen.meta_info.update(validate=validate)
+        gen.meta_info.update(validate=validate, global_steps=self.global_steps)  # the step seeds the sampling
         if not do_sample:
             gen.meta_info["do_sample"] = False
         output = self.async_rollout_manager.generate_sequences(gen.repeat(n, interleave=True))
@@ -371,18 +391,32 @@ class RayPPOTrainer:
         return self.actor_rollout_wg.update_actor(batch)
 
     def _save_checkpoint(self, epoch: int | None = None) -> str:
-        """Atomically write ``global_step_<N>`` (see :mod:`verl.trainer.ppo.trainer_checkpoint`). ``epoch``
-        defaults to the epoch ``fit()`` is in (in a recipe's own ``fit()``: ``global_steps // len(dataloader)``,
+        """Atomically write ``global_step_<N>`` with ``self.state`` (see
+        :mod:`verl.trainer.ppo.trainer_checkpoint`). ``epoch`` defaults to the epoch ``fit()`` draws prompts from
+        (in a recipe's own ``fit()``, which reads the data loader itself: ``global_steps // len(dataloader)``,
         veRL's rule)."""
-        if epoch is None:
-            epoch = self._current_epoch
-        if epoch is None:
-            epoch = self.global_steps // len(self.train_dataloader)
-        return save_trainer_checkpoint(self, epoch)
+        if epoch is not None:
+            self.state.epoch = int(epoch)
+        elif self.prompts is None:
+            self.state.epoch = self.global_steps // len(self.train_dataloader)
+        return save_trainer_checkpoint(self.config.trainer, self.state, self._checkpointed_groups())
 
     def _load_checkpoint(self) -> int:
-        """Resume per ``trainer.resume_mode`` (sets ``global_steps``); returns the epoch to continue from."""
-        return load_trainer_checkpoint(self)
+        """Resume per ``trainer.resume_mode``: restore the workers and ``self.state``, then re-send the restored
+        actor's weights to the rollout engines under the restored weight version. Returns the epoch to continue."""
+        if load_trainer_checkpoint(self.config, self.state, self._checkpointed_groups()) is not None:
+            self.checkpoint_manager.resync_weights()
+        return self.state.epoch
+
+    def _checkpointed_groups(self) -> dict[str, Any]:
+        groups = {"actor": self.actor_rollout_wg}
+        if self.critic_wg is not None:
+            groups["critic"] = self.critic_wg
+        return groups
+
+    def _updates_actor(self) -> bool:
+        """Whether this step updates the actor (and pushes its weights): from step ``trainer.critic_warmup`` on."""
+        return self.config.trainer.critic_warmup <= self.global_steps
 
     def _start_profiling(self, do_profile: bool) -> None:
         """Start the torch profiler of every worker group (``global_profiler``) when ``do_profile``."""
@@ -468,7 +502,8 @@ class RayPPOTrainer:
         batch.non_tensor_batch["uid"] = np.array([f"{epoch}-{i}" for i in index], dtype=object)
 
     def fit(self) -> None:
-        """Train for ``trainer.total_training_steps`` (or ``total_epochs`` over the data), logging every step."""
+        """Train for ``trainer.total_training_steps`` (or ``total_epochs`` over the data), logging every step: each
+        step takes its batch from the mode's rollout source, then runs the update stages (:meth:`_finish_step`)."""
         from tqdm import tqdm
 
         trainer = self.config.trainer
@@ -478,8 +513,8 @@ class RayPPOTrainer:
             self._logger_names(),
             config=OmegaConf.to_container(self.config),
         )
-        self.global_steps = 0
-        start_epoch = self._load_checkpoint()
+        self._load_checkpoint()
+        self.prompts = PromptStream(self.train_dataloader, self.state, trainer.total_epochs)
         if trainer.val_before_train or trainer.val_only:
             tracker.log(self._validate(), step=self.global_steps)
         if trainer.val_only or self.global_steps >= self.total_training_steps:
@@ -489,37 +524,19 @@ class RayPPOTrainer:
         progress = tqdm(
             total=self.total_training_steps, initial=self.global_steps, desc="Training Progress", dynamic_ncols=True
         )
-        self.global_steps += 1
-        workers = self.resource_pool_manager.get_n_gpus()
-        step: StepState | None = None
         try:
-            for epoch in range(start_epoch, trainer.total_epochs):
-                self._current_epoch = epoch
-                for batch_dict in self.train_dataloader:
-                    step = step or self._begin_step(epoch)
-                    batch = self._rollout(DataProto.from_single_dict(batch_dict), epoch, step)
-                    if self.filter_groups:  # DAPO dynamic sampling: generate until enough informative groups
-                        batch = accumulate_groups(batch, step, self.config)
-                        if batch is None:
-                            continue
-                    metrics = self._finish_step(batch, epoch, workers, step)
-                    self._data_hooks(batch)
-                    step = None
-                    tracker.log(metrics, step=self.global_steps)
-                    progress.update(1)
-                    if self.global_steps >= self.total_training_steps:
-                        return
-                    self.global_steps += 1
-            if step is not None:
-                logger.warning(
-                    "the data ran out during step %d after %d generation batches (%d of %d prompts kept): the step "
-                    "was not trained",
-                    self.global_steps,
-                    step.gen_batches,
-                    step.kept_prompts,
-                    self.config.data.train_batch_size,
-                )
+            while self.global_steps < self.total_training_steps:
+                step = self._begin_step()
+                batch = self.rollout_source.next_batch(step)
+                if batch is None:  # the data ran out
+                    self._end_step(step)
+                    break
+                metrics = self._finish_step(batch, step)
+                self._data_hooks(batch)
+                tracker.log(metrics, step=self.global_steps)
+                progress.update(1)
         finally:
+            self.rollout_source.close()
             progress.close()
             tracker.finish()
 
@@ -532,15 +549,23 @@ class RayPPOTrainer:
         except WorkerDiedError as e:
             raise WorkerDiedError(f"in stage {name!r} of step {self.global_steps}: {e}") from e
 
-    def _begin_step(self, epoch: int) -> StepState:
-        """Start the step's clock: ``timing_s/step`` spans every generation batch of the step."""
-        step = StepState(metrics={"training/global_step": self.global_steps, "training/epoch": epoch})
+    def _begin_step(self) -> StepState:
+        """Start step ``global_steps + 1``: its clock (``timing_s/step`` spans every stage of the step, generation
+        included) and, at a profiled step, the profilers."""
+        self.state.global_steps += 1
+        step = StepState(metrics={"training/global_step": self.global_steps})
         step.timer = marked_timer("step", step.timing)
         step.timer.start()
         if self._profile_edge(self.global_steps, -1):
             with self._stage("start_profile", step.timing):
                 self._start_profiling(True)
         return step
+
+    def _end_step(self, step: StepState) -> None:
+        """Stop a step that will not be trained (the data ran out): its clock and a profiler it started."""
+        step.timer.stop()
+        if self._profile_edge(self.global_steps, -1):
+            self._stop_profiling(True)
 
     def _profile_edge(self, step: int, neighbour: int) -> bool:
         """Whether the profiler starts (``neighbour=-1``) or stops (``+1``) at ``step``: at every step of
@@ -560,10 +585,11 @@ class RayPPOTrainer:
         if callable(on_batch_end):
             on_batch_end(batch=batch)
 
-    def _rollout(self, batch: DataProto, epoch: int, step: StepState) -> DataProto:
-        """Generate ``rollout.n`` responses per prompt (and ReMax's greedy baseline) and score them."""
+    def _rollout(self, batch: DataProto, step: StepState) -> DataProto:
+        """Generate ``rollout.n`` responses per prompt with the engines' current weights (and ReMax's greedy
+        baseline) and score them: the generation stages a rollout source schedules."""
         timing, metrics = step.timing, step.metrics
-        self._step_uids(batch, epoch)
+        self._step_uids(batch, self.state.epoch)
         batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
         prompts = batch
         with self._stage("gen", timing):  # DAPO's extra generation batches of a step get fresh seeds
@@ -578,12 +604,14 @@ class RayPPOTrainer:
             metrics.update(self._compute_reward(batch))
         return batch
 
-    def _finish_step(self, batch: DataProto, epoch: int, workers: int, step: StepState) -> dict[str, Any]:
-        """Everything after the rollout: log-probs, values, advantages, updates, weight sync, validation and
+    def _finish_step(self, batch: DataProto, step: StepState) -> dict[str, Any]:
+        """Everything after the rollout: log-probs, values, advantages, updates, weight push, validation and
         checkpoint; returns the step's metrics."""
         trainer = self.config.trainer
         timing, metrics = step.timing, step.metrics
+        workers = self.resource_pool_manager.get_n_gpus()
         last = self.global_steps >= self.total_training_steps
+        metrics.update(compute_staleness_metrics(batch, self.state.weight_version))
         with contextlib.ExitStack() as stack:
             stack.callback(step.timer.stop)
             if trainer.balance_batch:
@@ -609,17 +637,18 @@ class RayPPOTrainer:
             if self.use_critic:
                 with self._stage("update_critic", timing):
                     metrics.update(reduce_metrics(self._update_critic(batch).meta_info["metrics"]))
-            if trainer.critic_warmup <= self.global_steps:
+            if self._updates_actor():
                 with self._stage("update_actor", timing):
                     metrics.update(reduce_metrics(self._update_actor(batch).meta_info["metrics"]))
                 with self._stage("update_weights", timing):
                     metrics.update(self.checkpoint_manager.update_weights())
+                self.rollout_source.on_weights(self.state.weight_version)
             if trainer.test_freq > 0 and (last or self.global_steps % trainer.test_freq == 0):
                 with self._stage("testing", timing):
                     metrics.update(self._validate())
             if trainer.save_freq > 0 and (last or self.global_steps % trainer.save_freq == 0):
                 with self._stage("save_checkpoint", timing):
-                    self._save_checkpoint(epoch)
+                    self._save_checkpoint()
             if self._profile_edge(self.global_steps, +1):
                 with self._stage("stop_profile", timing):
                     self._stop_profiling(True)

@@ -5,7 +5,8 @@
   baseline, validation, and recipes' ``actor_rollout_wg.generate_sequences(batch)`` (routed to it by
   :func:`create_rollout_manager`) all generate through the agent loops.
 - :class:`CheckpointManager` is ``trainer.checkpoint_manager``: ``update_weights()`` pushes the actor's weights
-  into the rollout engines (and returns the sync's metrics), ``sleep_replicas()`` frees the engines' memory.
+  into the rollout engines as the next weight version (and returns the sync's metrics), ``sleep_replicas()`` frees
+  the engines' memory until the next push.
 """
 
 from __future__ import annotations
@@ -60,16 +61,41 @@ def create_rollout_manager(
 
 
 class CheckpointManager:
-    """Weight sync between the actor and the rollout engines of the hybrid engine (veRL's checkpoint manager)."""
+    """The weight push between the actor and the rollout engines of the hybrid engine (veRL's checkpoint manager).
 
-    def __init__(self, worker_group: Any) -> None:
+    Every push is one new weight version: ``state.weight_version`` (the trainer's
+    :class:`~verl.trainer.ppo.trainer_state.TrainerState`) goes +1 and the engines carry the new number, so each
+    sample records the version that generated it. Pushing is its own call: generation never syncs weights.
+
+    Args:
+        worker_group: the actor-rollout worker group.
+        state: the trainer state whose ``weight_version`` counts the pushes.
+        free_cache_engine: whether :meth:`sleep_replicas` frees the engines' memory (``rollout.free_cache_engine``).
+    """
+
+    def __init__(self, worker_group: Any, state: Any, free_cache_engine: bool = True) -> None:
         self.worker_group = worker_group
+        self.state = state
+        self.free_cache_engine = bool(free_cache_engine)
 
-    def update_weights(self) -> dict[str, float]:
-        """Push the actor's current weights into every rollout engine; returns the sync's metrics (reduced)."""
-        stats = self.worker_group.update_weights()
-        return reduce_metrics({k: [s[k] for s in stats] for k in stats[0]}) if stats else {}
+    def update_weights(self, global_steps: int | None = None) -> dict[str, float]:
+        """Push the actor's current weights into every rollout engine as version ``state.weight_version + 1``
+        (waking the engines' memory to load them); returns the sync's metrics (reduced). ``global_steps`` is veRL's
+        argument (veRL names a version after the step); here versions count pushes and it is not read."""
+        version = self.state.weight_version + 1
+        metrics = self._send(version)
+        self.state.weight_version = version
+        return metrics
+
+    def resync_weights(self) -> dict[str, float]:
+        """Send the actor's weights again under the current version (after a checkpoint restored both)."""
+        return self._send(self.state.weight_version)
 
     def sleep_replicas(self) -> None:
-        """Free the rollout engines' memory until the next generation or weight sync."""
-        self.worker_group.sleep()
+        """Free the rollout engines' memory until the next push (when ``rollout.free_cache_engine``)."""
+        if self.free_cache_engine:
+            self.worker_group.sleep()
+
+    def _send(self, version: int) -> dict[str, float]:
+        stats = self.worker_group.update_weights(version=version)
+        return reduce_metrics({k: [s[k] for s in stats] for k in stats[0]}) if stats else {}

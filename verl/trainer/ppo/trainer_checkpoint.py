@@ -24,40 +24,31 @@ from verl.utils.checkpoint.checkpoint_manager import (
     save_state_file,
     step_of,
 )
-from verl.utils.rng import get_rng_state, set_rng_state
 
 if TYPE_CHECKING:
-    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.trainer.ppo.trainer_state import TrainerState
 
 __all__ = ["load_trainer_checkpoint", "resume_folder", "save_trainer_checkpoint"]
 
 logger = logging.getLogger(__name__)
 
 
-def _roles(trainer: RayPPOTrainer) -> list[str]:
-    return ["actor", "critic"] if trainer.critic_wg is not None else ["actor"]
-
-
-def save_trainer_checkpoint(trainer: RayPPOTrainer, epoch: int) -> str:
-    """Write ``global_step_<N>`` for the trainer's current step atomically, point the tracker at it, and rotate old
-    checkpoints. Returns the folder."""
-    cfg = trainer.config.trainer
-    root, step = cfg.default_local_dir, trainer.global_steps
+def save_trainer_checkpoint(trainer_config: Any, state: TrainerState, workers: dict[str, Any]) -> str:
+    """Write ``global_step_<state.global_steps>`` atomically: each worker group's sharded state under its role
+    (``workers``: ``{"actor": group, "critic": group}``, the roles that run), the data loader's position in
+    ``data.pt`` and the rest of ``state`` in ``trainer_state.pt``; point the tracker at it and rotate old
+    checkpoints (``trainer.*`` keys of ``trainer_config``). Returns the folder."""
+    root, step = trainer_config.default_local_dir, state.global_steps
     tmp = begin_save(root, step)
-    trainer.actor_rollout_wg.save_checkpoint(os.path.join(tmp, "actor"), global_step=step)
-    if trainer.critic_wg is not None:
-        trainer.critic_wg.save_checkpoint(os.path.join(tmp, "critic"), global_step=step)
-    save_state_file(trainer.train_dataloader.state_dict(), os.path.join(tmp, DATA_FILE))
-    state: dict[str, Any] = {
-        "global_steps": step,
-        "epoch": epoch,
-        "kl_coef": None if trainer.kl_ctrl_in_reward is None else trainer.kl_ctrl_in_reward.value,
-        "rng": get_rng_state(),
-        "roles": _roles(trainer),
-    }
-    save_state_file(state, os.path.join(tmp, TRAINER_STATE_FILE))
+    for role, group in workers.items():
+        group.save_checkpoint(os.path.join(tmp, role), global_step=step)
+    snapshot = state.state_dict()
+    save_state_file(snapshot.pop("data"), os.path.join(tmp, DATA_FILE))
+    save_state_file({**snapshot, "roles": list(workers)}, os.path.join(tmp, TRAINER_STATE_FILE))
     folder = commit_save(root, step, tmp)
-    rotate_checkpoints(root, cfg.get("max_actor_ckpt_to_keep"), cfg.get("max_critic_ckpt_to_keep"))
+    rotate_checkpoints(
+        root, trainer_config.get("max_actor_ckpt_to_keep"), trainer_config.get("max_critic_ckpt_to_keep")
+    )
     return folder
 
 
@@ -76,29 +67,27 @@ def resume_folder(config: Any) -> str | None:
     return folder
 
 
-def load_trainer_checkpoint(trainer: RayPPOTrainer) -> int:
-    """Resume per ``trainer.resume_mode``: load the workers' states, the dataloader position, the KL coefficient and
-    the driver's random states, and set ``trainer.global_steps``. Returns the epoch to continue (0 from scratch)."""
-    folder = resume_folder(trainer.config)
+def load_trainer_checkpoint(config: Any, state: TrainerState, workers: dict[str, Any]) -> str | None:
+    """Resume per ``trainer.resume_mode``: load each worker group's state (``workers`` as for saving) and restore
+    ``state`` (counters, KL coefficient, data position, random states). Returns the folder, or None when starting
+    from scratch (``state`` untouched)."""
+    folder = resume_folder(config)
     if folder is None:
-        return 0
-    check_step_folder(folder, _roles(trainer))
+        return None
+    check_step_folder(folder, list(workers))
     # the driver's files first: a damaged one fails before the workers spend time loading
     data_state = load_state_file(os.path.join(folder, DATA_FILE))
-    state = load_state_file(os.path.join(folder, TRAINER_STATE_FILE))
+    saved = load_state_file(os.path.join(folder, TRAINER_STATE_FILE))
     step = step_of(folder)
-    if state.get("global_steps") != step:
+    if saved.get("global_steps") != step:
         raise ValueError(
-            f"checkpoint file {os.path.join(folder, TRAINER_STATE_FILE)} is for step {state.get('global_steps')}, "
+            f"checkpoint file {os.path.join(folder, TRAINER_STATE_FILE)} is for step {saved.get('global_steps')}, "
             f"its folder for step {step}"
         )
-    trainer.actor_rollout_wg.load_checkpoint(os.path.join(folder, "actor"))
-    if trainer.critic_wg is not None:
-        trainer.critic_wg.load_checkpoint(os.path.join(folder, "critic"))
-    trainer.train_dataloader.load_state_dict(data_state)
-    if trainer.kl_ctrl_in_reward is not None and state.get("kl_coef") is not None:
-        trainer.kl_ctrl_in_reward.value = state["kl_coef"]
-    set_rng_state(state["rng"])
-    trainer.global_steps = step
-    logger.info("resumed from %s (step %d, epoch %d)", folder, step, state["epoch"])
-    return int(state["epoch"])
+    for role, group in workers.items():
+        group.load_checkpoint(os.path.join(folder, role))
+    state.load_state_dict({**saved, "data": data_state})
+    logger.info(
+        "resumed from %s (step %d, epoch %d, weight version %d)", folder, step, state.epoch, state.weight_version
+    )
+    return folder

@@ -112,6 +112,11 @@ class HFRollout(BaseRollout):
         self._unique: dict[int, tuple[str, torch.Tensor, torch.Size]] = {}
         for name, tensor in self._named.items():
             self._unique.setdefault(id(tensor), (name, tensor, tensor.shape))
+        # Memory of their own, as after every wake-up: the loader may leave the weights in the file's mapping, whose
+        # alignment changes the CPU kernels' rounding, so generation would depend on whether the engine had slept.
+        with torch.no_grad():
+            for _, tensor, _ in self._unique.values():
+                tensor.data = tensor.data.clone()
         self._awake = {"weights": True, "kv_cache": True}
         self._unfilled: set[str] = set()  # woken weights not yet written by update_weights
         generation = getattr(self.model, "generation_config", None)

@@ -1,0 +1,104 @@
+"""``async_training.*``: our defaults (not veRL's fully-async ones), one test per validation error, the rules per
+``trainer.mode``, and the derived settings the trainer writes once, before its workers start."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from omegaconf import OmegaConf
+
+from tests.trainer.config.test_validate import VALID
+from verl.base_config import omega_conf_to_dataclass
+from verl.trainer.config.async_training import AsyncTrainingConfig
+from verl.trainer.config.derived import async_training_config, uses_bypass_mode, with_derived_settings
+from verl.trainer.config.validate import ConfigError, base_config, merged, validate_config
+
+
+def test_our_defaults_turn_nothing_on_that_was_not_asked_for():
+    cfg = AsyncTrainingConfig()
+    # veRL's fully-async defaults are staleness 0.1, a push every 4 steps, partial rollout and the rollout's
+    # log-probs; ours: a one-version bound, a push after every update, no partial rollout, recomputed log-probs
+    assert (cfg.max_lag, cfg.staleness_threshold, cfg.trigger_parameter_sync_step) == (1, None, 1)
+    assert (cfg.require_batches, cfg.partial_rollout) == (None, False)
+    assert (cfg.use_rollout_log_probs, cfg.compute_prox_log_prob, cfg.bypass_old_log_prob) == (False, False, False)
+    assert async_training_config(base_config()) == cfg  # the YAML carries the same defaults
+    assert async_training_config(OmegaConf.create({})) == cfg  # a config without the section: the defaults
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"max_lag": -1}, "async_training.max_lag=-1 must be an integer >= 0"),
+        ({"max_lag": 1.5}, "async_training.max_lag=1.5 must be an integer"),
+        ({"staleness_threshold": -0.1}, "staleness_threshold=-0.1 must be null or a number >= 0"),
+        ({"staleness_threshold": 2.0, "max_lag": 1}, "more than async_training.max_lag=1 version"),
+        ({"trigger_parameter_sync_step": 0}, "trigger_parameter_sync_step=0 must be an integer >= 1"),
+        ({"require_batches": 0}, "require_batches=0 must be null or an integer >= 1"),
+        ({"partial_rollout": "yes"}, "async_training.partial_rollout='yes' must be true or false"),
+    ],
+)
+def test_each_bad_value_is_named(fields, message):
+    with pytest.raises(ValueError, match=message):
+        omega_conf_to_dataclass(OmegaConf.create(fields), AsyncTrainingConfig)
+
+
+def test_the_bound_may_be_zero_and_a_threshold_within_it_is_accepted():
+    assert AsyncTrainingConfig(max_lag=0).max_lag == 0
+    assert AsyncTrainingConfig(max_lag=2, staleness_threshold=1.5).staleness_threshold == 1.5
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["async_training.trigger_parameter_sync_step=4"], "trainer.mode=sync pushes the weights after every update"),
+        (["async_training.partial_rollout=true"], "partial_rollout=true needs trainer.mode=separate_async"),
+        (["async_training.require_batches=3"], "require_batches=3 × actor_rollout_ref.actor.ppo_mini_batch_size=4"),
+        (["async_training.max_lag=-2"], "async_training.max_lag=-2 must be an integer >= 0"),
+        (["async_training.bogus=1"], "unknown key 'async_training.bogus'"),
+        (
+            ["async_training.use_rollout_log_probs=true", "algorithm.adv_estimator=optimal_token_baseline"],
+            "needs the old-log-prob pass, which the bypass mode skips",
+        ),
+    ],
+)
+def test_validation_refuses_by_name(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        validate_config(merged([*VALID, *overrides]))
+
+
+def test_sync_says_that_the_bound_has_no_effect(caplog):
+    validate_config(merged([*VALID, "async_training.require_batches=2"]))  # 2 × 4 = 8 prompts: agrees
+    with caplog.at_level(logging.WARNING, logger="verl.trainer.config.validate"):
+        validate_config(merged([*VALID, "async_training.max_lag=3", "async_training.staleness_threshold=0.5"]))
+    assert "async_training.max_lag=3, async_training.staleness_threshold=0.5: no effect with trainer.mode=sync" in (
+        caplog.text
+    )
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="verl.trainer.config.validate"):
+        validate_config(merged(VALID))
+    assert "async_training" not in caplog.text
+
+
+def test_async_modes_stay_refused_until_they_land():
+    for mode in ("colocate_async", "separate_async"):
+        with pytest.raises(ConfigError, match=f"trainer.mode='{mode}' is not available yet"):
+            validate_config(merged([*VALID, f"trainer.mode={mode}"]))
+
+
+def test_derived_settings_are_written_into_a_copy_once():
+    config = merged([*VALID, "async_training.use_rollout_log_probs=true"])
+    before = OmegaConf.to_container(config)
+    derived = with_derived_settings(config, total_steps=7)
+    assert OmegaConf.to_container(config) == before  # the user's config is left as it was
+    actor = derived.actor_rollout_ref.actor
+    assert actor.optim.total_training_steps == 7 and derived.critic.optim.total_training_steps == 7
+    # use_rollout_log_probs is the bypass mode: the actor's loss is the bypass loss with the correction settings
+    assert uses_bypass_mode(config) and actor.policy_loss.loss_mode == "bypass_mode"
+    assert actor.policy_loss.rollout_correction.bypass_mode is True
+    assert actor.policy_loss.rollout_correction.loss_type == config.algorithm.rollout_correction.loss_type
+    # a proximal recomputation keeps the old-log-prob pass (decoupled PPO), so no bypass
+    prox = merged([*VALID, "async_training.use_rollout_log_probs=true", "async_training.compute_prox_log_prob=true"])
+    assert not uses_bypass_mode(prox)
+    assert with_derived_settings(prox, 7).actor_rollout_ref.actor.policy_loss.loss_mode == "vanilla"
+    assert uses_bypass_mode(merged([*VALID, "algorithm.rollout_correction.bypass_mode=true"]))

@@ -1,0 +1,162 @@
+"""Rollout sources: where ``fit()`` gets each step's training batch — the one place a trainer mode differs.
+
+``fit()`` runs the same named stages in every mode: ``batch = source.next_batch(step)``, then the update stages
+(old_log_prob → ref → values → adv → update_critic → update_actor → update_weights), then ``source.on_weights``
+with the new weight version, validation, checkpoint, metrics. A source decides when and with which weights the
+batch is generated; it is chosen by ``trainer.mode`` from a registry (:func:`register_rollout_source`).
+
+- ``sync`` (:class:`SyncRolloutSource`): generate now, with the current weights (lag 0), then put the rollout
+  engines to sleep until the update's weight push wakes them.
+
+A source pulls prompts from the trainer's :class:`PromptStream` and generates them through the trainer's stages
+(``_rollout``: gen → gen_max → reward). A *rollout filter* (the trainer's ``rollout_filter``, made by the
+``_create_rollout_filter`` hook) may keep only part of each generated batch and ask for more: DAPO's dynamic
+sampling is one (:func:`verl.trainer.ppo.dynamic_sampling.accumulate_groups`).
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from verl.protocol import DataProto
+from verl.trainer.ppo.dynamic_sampling import StepState
+
+if TYPE_CHECKING:
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.trainer.ppo.trainer_state import TrainerState
+
+__all__ = [
+    "PromptStream",
+    "RolloutFilter",
+    "RolloutSource",
+    "SyncRolloutSource",
+    "get_rollout_source_class",
+    "register_rollout_source",
+    "registered_rollout_sources",
+]
+
+logger = logging.getLogger(__name__)
+
+# (a scored generation batch, the step being assembled) → the training batch once complete, else None (more needed)
+RolloutFilter = Callable[[DataProto, StepState], "DataProto | None"]
+
+
+class PromptStream:
+    """The training prompts, batch after batch and epoch after epoch, from the position the trainer state holds
+    (``state.epoch`` and the data loader's own state): ``next()`` returns a ``DataProto`` of ``data.gen_batch_size``
+    prompts, or None after ``trainer.total_epochs`` passes. ``state.epoch`` moves on when a pass ends."""
+
+    def __init__(self, dataloader: Any, state: TrainerState, total_epochs: int) -> None:
+        self.dataloader, self.state, self.total_epochs = dataloader, state, int(total_epochs)
+        self._batches: Any = None
+
+    def next(self) -> DataProto | None:
+        while self.state.epoch < self.total_epochs:
+            if self._batches is None:
+                self._batches = iter(self.dataloader)
+            try:
+                return DataProto.from_single_dict(next(self._batches))
+            except StopIteration:
+                self._batches = None
+                self.state.epoch += 1
+        return None
+
+
+class RolloutSource(abc.ABC):
+    """A trainer mode's schedule of generation (see the module docstring).
+
+    Args:
+        trainer: the trainer whose stages, prompts, weights and state the source uses.
+    """
+
+    def __init__(self, trainer: RayPPOTrainer) -> None:
+        self.trainer = trainer
+
+    @abc.abstractmethod
+    def next_batch(self, step: StepState) -> DataProto | None:
+        """The scored training batch of ``step`` (``data.train_batch_size`` prompts × ``rollout.n``), its
+        generation stages timed and their metrics added into ``step``; None when the data ran out."""
+
+    def on_weights(self, version: int) -> None:
+        """The trainer pushed weight version ``version`` to the rollout engines (``sync``: nothing to do)."""
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the source holds that a checkpoint must restore (a sample queue, batches in flight)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`; a source that holds nothing refuses a non-empty state."""
+        if state:
+            raise ValueError(
+                f"the checkpoint holds rollout-source state {sorted(state)} that trainer.mode="
+                f"{self.trainer.config.trainer.mode!r} cannot restore; resume it with the mode that wrote it"
+            )
+
+    def close(self) -> None:
+        """Stop whatever the source runs in the background (``sync``: nothing)."""
+        return None
+
+
+_SOURCES: dict[str, type[RolloutSource]] = {}
+
+
+def register_rollout_source(mode: str) -> Callable[[type[RolloutSource]], type[RolloutSource]]:
+    """Class decorator: the :class:`RolloutSource` of ``trainer.mode=<mode>``."""
+
+    def decorator(cls: type[RolloutSource]) -> type[RolloutSource]:
+        if not (isinstance(cls, type) and issubclass(cls, RolloutSource)):
+            raise TypeError(f"register_rollout_source({mode!r}) decorates RolloutSource subclasses, got {cls!r}")
+        if _SOURCES.get(mode, cls) is not cls:
+            raise ValueError(f"trainer.mode {mode!r} already has the rollout source {_SOURCES[mode].__qualname__}")
+        _SOURCES[mode] = cls
+        return cls
+
+    return decorator
+
+
+def registered_rollout_sources() -> list[str]:
+    """The trainer modes that have a rollout source."""
+    return sorted(_SOURCES)
+
+
+def get_rollout_source_class(mode: str) -> type[RolloutSource]:
+    """The rollout source of ``trainer.mode=<mode>``."""
+    if mode not in _SOURCES:
+        raise ValueError(f"trainer.mode={mode!r} has no rollout source; registered: {registered_rollout_sources()}")
+    return _SOURCES[mode]
+
+
+@register_rollout_source("sync")
+class SyncRolloutSource(RolloutSource):
+    """``trainer.mode=sync``: each step's batch is generated when the step asks for it, with the weights of the
+    latest update (lag 0). After generating, the rollout engines sleep (``rollout.free_cache_engine``) when the
+    step updates the actor, whose weight push wakes them; in a critic-warmup step they stay awake."""
+
+    def next_batch(self, step: StepState) -> DataProto | None:
+        trainer = self.trainer
+        while True:
+            prompts = trainer.prompts.next()
+            if prompts is None:
+                if step.gen_batches:
+                    logger.warning(
+                        "the data ran out during step %d after %d generation batches (%d of %d prompts kept): the "
+                        "step was not trained",
+                        trainer.state.global_steps,
+                        step.gen_batches,
+                        step.kept_prompts,
+                        trainer.config.data.train_batch_size,
+                    )
+                return None
+            step.metrics.setdefault("training/epoch", trainer.state.epoch)
+            batch = trainer._rollout(prompts, step)
+            if trainer.rollout_filter is not None:
+                batch = trainer.rollout_filter(batch, step)
+                if batch is None:
+                    continue
+            if trainer._updates_actor():
+                trainer.checkpoint_manager.sleep_replicas()
+            return batch
