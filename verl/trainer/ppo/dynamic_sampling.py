@@ -7,8 +7,9 @@ scored, groups with zero standard deviation of ``filter_groups.metric`` are drop
 and batches accumulate until ``data.train_batch_size`` prompts are kept; the surplus is cut. More than
 ``filter_groups.max_num_gen_batches`` batches (when > 0) is an error: the data are too easy or too hard for the
 policy. It is the trainer's default *rollout filter* (``RayPPOTrainer._create_rollout_filter``): the rollout source
-of every trainer mode calls ``accumulate_groups(batch, step)`` on each scored generation batch. Paper: Q. Yu et al., "DAPO: An Open-Source LLM Reinforcement Learning System at Scale", 2025,
-arXiv:2503.14476.
+of every trainer mode calls ``accumulate_groups(batch, step)`` on each scored generation batch.
+
+Paper: Q. Yu et al., "DAPO: An Open-Source LLM Reinforcement Learning System at Scale", 2025, arXiv:2503.14476.
 """
 
 from __future__ import annotations
