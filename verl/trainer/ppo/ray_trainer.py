@@ -44,6 +44,7 @@ from verl.trainer.ppo.metric_utils import (
     compute_timing_metrics,
     reduce_metrics,
 )
+from verl.trainer.ppo.profiling import TrainerProfiling
 from verl.trainer.ppo.reward import compute_reward_with_metrics
 from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode, compute_rollout_correction_and_add_to_batch
 from verl.trainer.ppo.rollout_manager import CheckpointManager, create_rollout_manager
@@ -85,7 +86,7 @@ REWARD_KEYS = ("data_source", "reward_model", "extra_info", "uid")
 PROMPT_TENSORS = ("input_ids", "attention_mask", "position_ids")
 
 
-class RayPPOTrainer:
+class RayPPOTrainer(TrainerProfiling):
     """The driver: owns the data, the reward function and the worker groups, and runs the training loop.
 
     Args:
@@ -129,9 +130,7 @@ class RayPPOTrainer:
         # the reference policy runs inside the actor's workers (role actor_rollout_ref): ref_policy_wg is that group
         self.ref_in_actor = self.use_reference_policy
         self.async_rollout_mode = True  # as veRL: rollout.mode=sync takes the same (server / agent-loop) path
-        profiler = self.config.get("global_profiler") or {}
-        self._profile_steps = set(profiler.get("steps") or []) if profiler.get("tool") else set()
-        self._profile_continuous = bool(profiler.get("profile_continuous_steps", False))
+        self._init_profiling()
         algo = self.config.algorithm
         self.kl_ctrl_in_reward = get_kl_controller(algo.kl_ctrl) if algo.use_kl_in_reward else None
         correction = algo.get("rollout_correction") or {}
@@ -418,22 +417,6 @@ class RayPPOTrainer:
         """Whether this step updates the actor (and pushes its weights): from step ``trainer.critic_warmup`` on."""
         return self.config.trainer.critic_warmup <= self.global_steps
 
-    def _start_profiling(self, do_profile: bool) -> None:
-        """Start the torch profiler of every worker group (``global_profiler``) when ``do_profile``."""
-        if do_profile:
-            save_path = (self.config.get("global_profiler") or {}).get("save_path") or "outputs/profile"
-            for wg in self._worker_groups():
-                wg.start_profile(profile_step=self.global_steps, save_path=save_path)
-
-    def _stop_profiling(self, do_profile: bool) -> None:
-        """Stop the profilers started by :meth:`_start_profiling` and write their traces."""
-        if do_profile:
-            for wg in self._worker_groups():
-                wg.stop_profile()
-
-    def _worker_groups(self) -> list[Any]:
-        return [wg for wg in (self.actor_rollout_wg, self.critic_wg, self.rm_wg) if wg is not None]
-
     def _validate(self) -> dict[str, float]:
         """Generate ``val_kwargs.n`` responses per validation prompt with ``val_kwargs`` sampling, score them with
         the validation reward function, and return ``val-core/...`` and ``val-aux/...`` (see
@@ -566,14 +549,6 @@ class RayPPOTrainer:
         step.timer.stop()
         if self._profile_edge(self.global_steps, -1):
             self._stop_profiling(True)
-
-    def _profile_edge(self, step: int, neighbour: int) -> bool:
-        """Whether the profiler starts (``neighbour=-1``) or stops (``+1``) at ``step``: at every step of
-        ``global_profiler.steps``, or with ``profile_continuous_steps`` only where a run of consecutive steps begins
-        or ends (one trace for the run)."""
-        if step not in self._profile_steps:
-            return False
-        return not self._profile_continuous or step + neighbour not in self._profile_steps
 
     def _data_hooks(self, batch: DataProto) -> None:
         """veRL's data hooks after a trained step: a curriculum sampler's ``update(batch)`` and the dataset's
