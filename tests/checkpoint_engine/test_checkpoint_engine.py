@@ -80,7 +80,8 @@ def test_digest_sees_dtype_shape_and_bytes():
 
 
 def test_registry_and_config_errors():
-    with pytest.raises(ValueError, match=r"unknown rollout.checkpoint_engine.backend 'nccl'; registered: \['naive'\]"):
+    unknown = r"unknown rollout.checkpoint_engine.backend 'nccl'; registered: \['naive', 'shm'\]"
+    with pytest.raises(ValueError, match=unknown):
         get_checkpoint_engine({"backend": "nccl"})
     with pytest.raises(ValueError, match="must be positive"):
         get_checkpoint_engine({"update_weights_bucket_megabytes": 0})

@@ -6,7 +6,8 @@ time) and loads them into the rollout engine in size-bounded buckets, cast to th
 those digests, bit for bit — a corrupted, missing or extra tensor raises `WeightSyncError` naming it.
 
 Backends are registered by name (``actor_rollout_ref.rollout.checkpoint_engine.backend``); ``naive`` is the
-colocated, in-process one.
+colocated, in-process one; ``shm`` (:mod:`verl.checkpoint_engine.shm`) pushes into an engine of another process of
+the node through shared memory.
 """
 
 from __future__ import annotations
@@ -80,9 +81,18 @@ class CheckpointEngine:
         raise NotImplementedError
 
     @staticmethod
+    def footprint(nbytes: int) -> int:
+        """The room a tensor of ``nbytes`` takes in a bucket (a backend that aligns tensors rounds it up)."""
+        return nbytes
+
+    @staticmethod
     def verify(rollout: SupportsWeights, expected: dict[str, str]) -> None:
-        """Check the engine's weights against ``expected`` digests; raise `WeightSyncError` naming mismatches."""
-        actual = {name: tensor_digest(t) for name, t in rollout.named_weights()}
+        """Check the engine's weights against ``expected`` digests; raise `WeightSyncError` naming mismatches. An
+        engine in another process digests its own tensors (``weight_digests()``)."""
+        if hasattr(rollout, "weight_digests"):
+            actual = rollout.weight_digests()
+        else:
+            actual = {name: tensor_digest(t) for name, t in rollout.named_weights()}
         missing = sorted(set(expected) - set(actual))
         differ = sorted(n for n in expected if n in actual and actual[n] != expected[n])
         extra = sorted(set(actual) - set(expected))
@@ -120,11 +130,12 @@ class ColocatedCheckpointEngine(CheckpointEngine):
             if verify:
                 digests[name] = tensor_digest(tensor)
             size = tensor.numel() * tensor.element_size()
-            if bucket and bucket_bytes + size > self.bucket_bytes:
+            footprint = self.footprint(size)
+            if bucket and bucket_bytes + footprint > self.bucket_bytes:
                 rollout.update_weights(bucket)
                 bucket, bucket_bytes, buckets = [], 0, buckets + 1
             bucket.append((name, tensor))
-            bucket_bytes += size
+            bucket_bytes += footprint
             total_bytes += size
             tensors += 1
         if bucket:

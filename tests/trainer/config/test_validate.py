@@ -55,6 +55,10 @@ def test_a_valid_config_passes():
     [
         ("data.bogus=1", "unknown key 'data.bogus'"),
         ("trainer.total_epochs=many", "trainer.total_epochs='many' has the wrong type: expected int"),
+        (
+            "actor_rollout_ref.rollout.checkpoint_engine.backend=shm",
+            "backend=shm pushes weights into a rollout engine in another process of the node",
+        ),
         ("trainer.n_gpus_per_node=3", "8 × 2 = 16 is not divisible by 3 workers"),
         (
             "actor_rollout_ref.actor.ppo_mini_batch_size=16",

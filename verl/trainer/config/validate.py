@@ -258,6 +258,13 @@ def _rollout(config: Any, problems: list[str]) -> None:
             f"actor_rollout_ref.rollout.mode={rollout.mode!r}: use async (veRL's default) or sync; both take the "
             "same generation path here"
         )
+    backend = (rollout.get("checkpoint_engine") or {}).get("backend", "naive")
+    if backend == "shm":
+        problems.append(
+            "actor_rollout_ref.rollout.checkpoint_engine.backend=shm pushes weights into a rollout engine in another "
+            "process of the node, which no available trainer.mode has (the hybrid engine of trainer.mode=sync holds "
+            "it in the training process); use backend=naive"
+        )
     tp = rollout.tensor_model_parallel_size
     if rollout.name == "vllm" and tp != 1:
         problems.append(

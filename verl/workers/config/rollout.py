@@ -189,7 +189,9 @@ class CheckpointEngineConfig(BaseConfig):
     """``rollout.checkpoint_engine``: how weights travel from the trainer to the rollout engine.
 
     Args:
-        backend: registered checkpoint-engine name ("naive": colocated, in-process).
+        backend: registered checkpoint-engine name ("naive": colocated, in-process; "shm": into an engine of another
+            process of the node through shared memory, for a rollout server beside the trainer — no available
+            trainer mode has one yet, so validation refuses it).
         update_weights_bucket_megabytes: weights are sent in buckets of this size.
         engine_kwargs: backend-specific options.
     """
