@@ -14,7 +14,8 @@ arguments and return values, and the stages of our ``fit()`` are built on the sa
 ``_compute_old_log_prob`` → ``(DataProto, mfu)``, ``_compute_ref_log_prob`` / ``_compute_values`` /
 ``_update_critic`` / ``_update_actor`` → ``DataProto``, ``checkpoint_manager.update_weights()`` /
 ``sleep_replicas()``, ``_validate()``, ``_save_checkpoint()`` / ``_load_checkpoint()``, ``_start_profiling`` /
-``_stop_profiling``, ``_log_rollout_data`` and ``_dump_generations``.
+``_stop_profiling``, ``_log_rollout_data`` and ``_dump_generations`` (the last three groups from the mixins
+``TrainerCheckpointing``, ``TrainerProfiling`` and ``GenerationDumps``, each in the module of its concern).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from verl.trainer.ppo.reward import compute_reward_with_metrics
 from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode, compute_rollout_correction_and_add_to_batch
 from verl.trainer.ppo.rollout_manager import CheckpointManager, create_rollout_manager
 from verl.trainer.ppo.rollout_source import PromptStream, RolloutFilter, get_rollout_source_class
-from verl.trainer.ppo.trainer_checkpoint import load_trainer_checkpoint, save_trainer_checkpoint
+from verl.trainer.ppo.trainer_checkpoint import TrainerCheckpointing
 from verl.trainer.ppo.trainer_state import TrainerState
 from verl.trainer.ppo.utils import (
     ResourcePoolManager,
@@ -61,7 +62,7 @@ from verl.trainer.ppo.utils import (
     need_critic,
     need_reference_policy,
 )
-from verl.trainer.ppo.validation import ValidationSamples, decode_batch, dump_generations, ground_truths
+from verl.trainer.ppo.validation import GenerationDumps, ValidationSamples
 from verl.utils.import_utils import import_external_libs
 from verl.utils.profiler import marked_timer
 from verl.utils.rollout_skip import RolloutSkip
@@ -86,7 +87,7 @@ REWARD_KEYS = ("data_source", "reward_model", "extra_info", "uid")
 PROMPT_TENSORS = ("input_ids", "attention_mask", "position_ids")
 
 
-class RayPPOTrainer(TrainerProfiling):
+class RayPPOTrainer(TrainerCheckpointing, TrainerProfiling, GenerationDumps):
     """The driver: owns the data, the reward function and the worker groups, and runs the training loop.
 
     Args:
@@ -389,30 +390,6 @@ class RayPPOTrainer(TrainerProfiling):
         batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
         return self.actor_rollout_wg.update_actor(batch)
 
-    def _save_checkpoint(self, epoch: int | None = None) -> str:
-        """Atomically write ``global_step_<N>`` with ``self.state`` (see
-        :mod:`verl.trainer.ppo.trainer_checkpoint`). ``epoch`` defaults to the epoch ``fit()`` draws prompts from
-        (in a recipe's own ``fit()``, which reads the data loader itself: ``global_steps // len(dataloader)``,
-        veRL's rule)."""
-        if epoch is not None:
-            self.state.epoch = int(epoch)
-        elif self.prompts is None:
-            self.state.epoch = self.global_steps // len(self.train_dataloader)
-        return save_trainer_checkpoint(self.config.trainer, self.state, self._checkpointed_groups())
-
-    def _load_checkpoint(self) -> int:
-        """Resume per ``trainer.resume_mode``: restore the workers and ``self.state``, then re-send the restored
-        actor's weights to the rollout engines under the restored weight version. Returns the epoch to continue."""
-        if load_trainer_checkpoint(self.config, self.state, self._checkpointed_groups()) is not None:
-            self.checkpoint_manager.resync_weights()
-        return self.state.epoch
-
-    def _checkpointed_groups(self) -> dict[str, Any]:
-        groups = {"actor": self.actor_rollout_wg}
-        if self.critic_wg is not None:
-            groups["critic"] = self.critic_wg
-        return groups
-
     def _updates_actor(self) -> bool:
         """Whether this step updates the actor (and pushes its weights): from step ``trainer.critic_warmup`` on."""
         return self.config.trainer.critic_warmup <= self.global_steps
@@ -439,38 +416,6 @@ class RayPPOTrainer(TrainerProfiling):
         if trainer.validation_data_dir:
             samples.dump(trainer.validation_data_dir, self.global_steps)
         return samples.metrics()
-
-    def _log_rollout_data(
-        self,
-        batch: DataProto,
-        reward_extra_infos_dict: dict[str, Any],
-        timing_raw: dict[str, float],
-        rollout_data_dir: str,
-    ) -> None:
-        """Write the step's generations, scores and ``reward_extra_infos_dict`` to ``rollout_data_dir``, timed as
-        ``dump_rollout_generations`` (veRL's helper)."""
-        with marked_timer("dump_rollout_generations", timing_raw):
-            inputs, outputs = decode_batch(self.tokenizer, batch)
-            scores = batch.batch["token_level_scores"].sum(-1).tolist()
-            self._dump_generations(
-                inputs, outputs, ground_truths(batch), scores, reward_extra_infos_dict, rollout_data_dir
-            )
-
-    def _dump_generations(
-        self,
-        inputs: list[str],
-        outputs: list[str],
-        gts: list[Any],
-        scores: list[float],
-        reward_extra_infos_dict: dict[str, Any],
-        dump_path: str,
-    ) -> str:
-        """``<dump_path>/<global_steps>.jsonl``, one line per sample (veRL's helper); returns the file."""
-        return dump_generations(dump_path, self.global_steps, inputs, outputs, gts, scores, reward_extra_infos_dict)
-
-    def _reward_extra_infos(self, batch: DataProto) -> dict[str, Any]:
-        keys = batch.meta_info.get("reward_extra_keys", [])
-        return {key: batch.non_tensor_batch[key] for key in keys if key in batch.non_tensor_batch}
 
     def _logger_names(self) -> list[str]:
         names = self.config.trainer.logger

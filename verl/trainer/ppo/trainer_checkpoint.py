@@ -28,7 +28,7 @@ from verl.utils.checkpoint.checkpoint_manager import (
 if TYPE_CHECKING:
     from verl.trainer.ppo.trainer_state import TrainerState
 
-__all__ = ["load_trainer_checkpoint", "resume_folder", "save_trainer_checkpoint"]
+__all__ = ["TrainerCheckpointing", "load_trainer_checkpoint", "resume_folder", "save_trainer_checkpoint"]
 
 logger = logging.getLogger(__name__)
 
@@ -91,3 +91,42 @@ def load_trainer_checkpoint(config: Any, state: TrainerState, workers: dict[str,
         "resumed from %s (step %d, epoch %d, weight version %d)", folder, step, state.epoch, state.weight_version
     )
     return folder
+
+
+class TrainerCheckpointing:
+    """veRL's ``_save_checkpoint`` / ``_load_checkpoint`` of ``RayPPOTrainer``, over the functions above: the trainer
+    state (``state``), the worker groups (``actor_rollout_wg``, ``critic_wg``) and, after a resume, the restored
+    weights sent to the rollout engines again (``checkpoint_manager``)."""
+
+    config: Any
+    state: TrainerState
+    prompts: Any
+    train_dataloader: Any
+    actor_rollout_wg: Any
+    critic_wg: Any
+    checkpoint_manager: Any
+    global_steps: int
+
+    def _save_checkpoint(self, epoch: int | None = None) -> str:
+        """Atomically write ``global_step_<N>`` with ``self.state`` (see
+        :mod:`verl.trainer.ppo.trainer_checkpoint`). ``epoch`` defaults to the epoch ``fit()`` draws prompts from
+        (in a recipe's own ``fit()``, which reads the data loader itself: ``global_steps // len(dataloader)``,
+        veRL's rule)."""
+        if epoch is not None:
+            self.state.epoch = int(epoch)
+        elif self.prompts is None:
+            self.state.epoch = self.global_steps // len(self.train_dataloader)
+        return save_trainer_checkpoint(self.config.trainer, self.state, self._checkpointed_groups())
+
+    def _load_checkpoint(self) -> int:
+        """Resume per ``trainer.resume_mode``: restore the workers and ``self.state``, then re-send the restored
+        actor's weights to the rollout engines under the restored weight version. Returns the epoch to continue."""
+        if load_trainer_checkpoint(self.config, self.state, self._checkpointed_groups()) is not None:
+            self.checkpoint_manager.resync_weights()
+        return self.state.epoch
+
+    def _checkpointed_groups(self) -> dict[str, Any]:
+        groups = {"actor": self.actor_rollout_wg}
+        if self.critic_wg is not None:
+            groups["critic"] = self.critic_wg
+        return groups

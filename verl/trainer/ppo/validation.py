@@ -17,8 +17,10 @@ import torch
 
 from verl.protocol import DataProto
 from verl.trainer.ppo.metric_utils import process_validation_metrics
+from verl.utils.profiler import marked_timer
 
 __all__ = [
+    "GenerationDumps",
     "ValidationSamples",
     "decode_batch",
     "dump_generations",
@@ -164,3 +166,43 @@ class ValidationSamples:
         infos = self.complete_infos()
         reward = infos.pop("reward")
         return dump_generations(folder, step, self.inputs, self.outputs, self.gts, reward, infos)
+
+
+class GenerationDumps:
+    """veRL's ``_log_rollout_data`` / ``_dump_generations`` of ``RayPPOTrainer``: a step's generations to
+    ``trainer.rollout_data_dir`` (``tokenizer`` and ``global_steps`` are the trainer's)."""
+
+    tokenizer: Any
+    global_steps: int
+
+    def _log_rollout_data(
+        self,
+        batch: DataProto,
+        reward_extra_infos_dict: dict[str, Any],
+        timing_raw: dict[str, float],
+        rollout_data_dir: str,
+    ) -> None:
+        """Write the step's generations, scores and ``reward_extra_infos_dict`` to ``rollout_data_dir``, timed as
+        ``dump_rollout_generations`` (veRL's helper)."""
+        with marked_timer("dump_rollout_generations", timing_raw):
+            inputs, outputs = decode_batch(self.tokenizer, batch)
+            scores = batch.batch["token_level_scores"].sum(-1).tolist()
+            self._dump_generations(
+                inputs, outputs, ground_truths(batch), scores, reward_extra_infos_dict, rollout_data_dir
+            )
+
+    def _dump_generations(
+        self,
+        inputs: list[str],
+        outputs: list[str],
+        gts: list[Any],
+        scores: list[float],
+        reward_extra_infos_dict: dict[str, Any],
+        dump_path: str,
+    ) -> str:
+        """``<dump_path>/<global_steps>.jsonl``, one line per sample (veRL's helper); returns the file."""
+        return dump_generations(dump_path, self.global_steps, inputs, outputs, gts, scores, reward_extra_infos_dict)
+
+    def _reward_extra_infos(self, batch: DataProto) -> dict[str, Any]:
+        keys = batch.meta_info.get("reward_extra_keys", [])
+        return {key: batch.non_tensor_batch[key] for key in keys if key in batch.non_tensor_batch}
