@@ -214,7 +214,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
         video_data: Any = None,
     ) -> Any:
         """One request to this worker's rollout engine (veRL's server call): returns its ``TokenOutput``."""
-        self._check_serving(request_id)
+        self._check_serving(f"generate({request_id!r})")
         return await self.rollout.generate(
             request_id,
             prompt_ids=prompt_ids,
@@ -228,7 +228,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
         """Requests (``request_id``, ``prompt_ids``, ``sampling_params``) submitted to the engine together — one
         batch, in this order — streaming ``(index, TokenOutput)`` as each finishes (call it with
         ``num_returns="streaming"``)."""
-        self._check_serving(requests[0]["request_id"] if requests else "")
+        self._check_serving(f"generate_wave({len(requests)} requests)")
         futures = self.rollout.submit_many(
             [(r["request_id"], r["prompt_ids"], r.get("sampling_params"), None) for r in requests]
         )
@@ -239,12 +239,13 @@ class ActorRolloutRefWorker(ProfiledWorker):
             for future in done:
                 yield index[future], future.result()
 
-    def _check_serving(self, request_id: str) -> None:
+    def _check_serving(self, call: str) -> None:
+        """Refuse ``call`` (a generation) on a worker without a rollout engine or with a sleeping one."""
         if not self._is_rollout:
-            raise RuntimeError(f"generate on a worker of role {self.role!r}, which has no rollout engine")
+            raise RuntimeError(f"{call} on a worker of role {self.role!r}, which has no rollout engine")
         if self._rollout_asleep:
             raise RuntimeError(
-                f"generate({request_id!r}) on rank {self.rank}: the rollout engine is asleep (its memory is "
+                f"{call} on rank {self.rank}: the rollout engine is asleep (its memory is "
                 "released); push the weights (checkpoint_manager.update_weights()) or wake it first"
             )
         if self._actor_ahead:
