@@ -11,7 +11,13 @@ import ray
 import torch
 
 from verl.checkpoint_engine import WeightSyncError, get_checkpoint_engine, tensor_digest
-from verl.checkpoint_engine.shm import SharedWeightBuffer, ShmRolloutClient, ShmWeightReceiver, shm_path
+from verl.checkpoint_engine.shm import (
+    SharedWeightBuffer,
+    ShmRolloutClient,
+    ShmWeightReceiver,
+    buffer_bytes,
+    shm_path,
+)
 from verl.utils.tiny_model import build_tiny_qwen2
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -104,8 +110,12 @@ def test_misuse_is_refused_by_name(tmp_path, tiny_model_dir):
     with pytest.raises(TypeError, match="backend=shm pushes weights to a rollout engine in another process"):
         engine.send_weights(trainer_weights().items(), object())
     small = ShmRolloutClient(lambda *a: None, nbytes=1024, path=str(tmp_path / "small"))
-    with pytest.raises(ValueError, match="is smaller than a bucket"):
-        engine.send_weights(trainer_weights().items(), small)
+    with pytest.raises(ValueError, match="does not fit the shared buffer of 1024 bytes"):
+        engine.send_weights(trainer_weights().items(), small)  # buckets shrink to the buffer, a tensor cannot
+    # a buffer holds one bucket, or the whole model when smaller, and at least the largest tensor (aligned sizes)
+    assert buffer_bytes([100, 200], 2**20) == 128 + 256
+    assert buffer_bytes([100, 5000], 1024) == 5056
+    assert buffer_bytes([100] * 100, 1024) == 1024
     with pytest.raises(ValueError, match=r"weight 'big' \(4096 bytes at offset 0\) does not fit the shared buffer"):
         small.buffer.write([("big", torch.zeros(1024))])
     small.close()

@@ -80,6 +80,11 @@ class CheckpointEngine:
     ) -> dict[str, float]:
         raise NotImplementedError
 
+    def bucket_limit(self, rollout: Any) -> int:
+        """The most bytes one bucket may take for ``rollout`` (``update_weights_bucket_megabytes``; a backend with a
+        fixed buffer may allow less)."""
+        return self.bucket_bytes
+
     @staticmethod
     def footprint(nbytes: int) -> int:
         """The room a tensor of ``nbytes`` takes in a bucket (a backend that aligns tensors rounds it up)."""
@@ -120,6 +125,7 @@ class ColocatedCheckpointEngine(CheckpointEngine):
     ) -> dict[str, float]:
         """Load ``named_tensors`` into ``rollout``. Returns ``{"bytes", "tensors", "buckets", "seconds"}``."""
         start = time.perf_counter()
+        limit = self.bucket_limit(rollout)
         digests: dict[str, str] = {}
         bucket: list[tuple[str, torch.Tensor]] = []
         bucket_bytes = total_bytes = tensors = buckets = 0
@@ -131,7 +137,7 @@ class ColocatedCheckpointEngine(CheckpointEngine):
                 digests[name] = tensor_digest(tensor)
             size = tensor.numel() * tensor.element_size()
             footprint = self.footprint(size)
-            if bucket and bucket_bytes + footprint > self.bucket_bytes:
+            if bucket and bucket_bytes + footprint > limit:
                 rollout.update_weights(bucket)
                 bucket, bucket_bytes, buckets = [], 0, buckets + 1
             bucket.append((name, tensor))

@@ -36,11 +36,21 @@ __all__ = [
     "ShmRolloutClient",
     "ShmWeightReceiver",
     "TensorSlot",
+    "buffer_bytes",
     "shm_path",
 ]
 
 ALIGN = 64  # every tensor starts at a multiple of 64 bytes (the CPU kernels' alignment)
 SHM_DIR = "/dev/shm"
+
+
+def buffer_bytes(sizes: Iterable[int], bucket_bytes: int) -> int:
+    """The size of a shared buffer for tensors of ``sizes`` bytes pushed in buckets of ``bucket_bytes``: one bucket,
+    or the whole model at its aligned size when that is smaller, and never less than the largest tensor."""
+    aligned = [-(-int(n) // ALIGN) * ALIGN for n in sizes]
+    if not aligned:
+        raise ValueError("a shared weight buffer for a model without tensors")
+    return max(max(aligned), min(int(bucket_bytes), sum(aligned)))
 
 
 def shm_path(tag: str = "weights") -> str:
@@ -108,12 +118,17 @@ class SharedWeightBuffer:
             out.append((slot.name, view.view(slot.shape)))
         return out
 
-    def close(self) -> None:
-        """Drop the mapping; the creating side also removes the file."""
-        self.data = None
+    def unlink(self) -> None:
+        """Remove the file's name (the creating side, once every process has mapped it): the mappings stay valid
+        and the memory goes when the last one does, so a process that dies leaves nothing in ``/dev/shm``."""
         if self.owner:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
+
+    def close(self) -> None:
+        """Drop the mapping; the creating side also removes the file."""
+        self.data = None
+        self.unlink()
 
 
 class ShmWeightReceiver:
@@ -198,6 +213,12 @@ class ShmRolloutClient:
     def path(self) -> str:
         return self.buffer.path
 
+    def connect(self) -> None:
+        """Have the receiver map the buffer (``call("open", path, nbytes)``), then remove the file's name: from
+        here on only the two mappings hold the memory."""
+        self.call("open", self.path, self.buffer.nbytes)
+        self.buffer.unlink()
+
     @contextlib.contextmanager
     def weight_update(self, version: int | None = None) -> Iterator[None]:
         """One weight load in the rollout's process (every bucket sent inside it), ending at ``version``."""
@@ -223,12 +244,16 @@ class ShmRolloutClient:
 @register_checkpoint_engine("shm")
 class SharedMemoryCheckpointEngine(ColocatedCheckpointEngine):
     """``shm``: the bucketed, cast, verified push of the in-process backend, into a rollout engine of another process
-    of the node through a :class:`ShmRolloutClient` (buckets of ``update_weights_bucket_megabytes``; the client's
-    buffer must hold one; tensors are counted at their aligned size)."""
+    of the node through a :class:`ShmRolloutClient`: buckets of ``update_weights_bucket_megabytes`` or of the
+    client's buffer when that is smaller (:func:`buffer_bytes` sizes it to the model when the model is smaller than
+    a bucket); tensors are counted at their aligned size."""
 
     @staticmethod
     def footprint(nbytes: int) -> int:
         return -(-nbytes // ALIGN) * ALIGN
+
+    def bucket_limit(self, rollout: Any) -> int:
+        return min(self.bucket_bytes, rollout.buffer.nbytes)
 
     def send_weights(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], rollout: Any, verify: bool = False
@@ -237,10 +262,5 @@ class SharedMemoryCheckpointEngine(ColocatedCheckpointEngine):
             raise TypeError(
                 "rollout.checkpoint_engine.backend=shm pushes weights to a rollout engine in another process; it got "
                 f"{type(rollout).__name__} (an engine in this process: use backend=naive)"
-            )
-        if rollout.buffer.nbytes < self.bucket_bytes:
-            raise ValueError(
-                f"the shared buffer ({rollout.buffer.nbytes} bytes) is smaller than a bucket ({self.bucket_bytes} "
-                "bytes of rollout.checkpoint_engine.update_weights_bucket_megabytes)"
             )
         return super().send_weights(named_tensors, rollout, verify=verify)

@@ -54,12 +54,13 @@ from verl.workers.config.builders import (
 )
 from verl.workers.critic import DataParallelPPOCritic
 from verl.workers.engine import FSDPEngine
+from verl.workers.remote_rollout import RemoteRolloutWeights
 
 __all__ = ["ActorRolloutRefWorker", "CriticWorker", "ProfiledWorker", "RewardModelWorker"]
 
 logger = logging.getLogger(__name__)
 
-ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
+ROLES = ("actor", "rollout", "ref", "actor_ref", "actor_rollout", "actor_rollout_ref")
 MESHES = ("actor", "rollout", "ref", "critic", "reward")
 
 
@@ -124,24 +125,28 @@ def rollout_mismatch_metrics(
     return metrics
 
 
-class ActorRolloutRefWorker(ProfiledWorker):
+class ActorRolloutRefWorker(ProfiledWorker, RemoteRolloutWeights):
     """Actor (trainer), rollout engine and/or reference policy in one process.
+
+    Roles ``actor_rollout`` / ``actor_rollout_ref`` are the hybrid engine; ``actor`` / ``actor_ref`` train and push
+    their weights to a rollout server of role ``rollout`` in another process (:mod:`verl.workers.remote_rollout`).
 
     Args:
         config: the ``actor_rollout_ref`` config (``model``, ``actor``, ``rollout``, ``ref``).
-        role: ``actor`` | ``rollout`` | ``ref`` | ``actor_rollout`` | ``actor_rollout_ref``.
+        role: ``actor`` | ``rollout`` | ``ref`` | ``actor_ref`` | ``actor_rollout`` | ``actor_rollout_ref``.
     """
 
     def __init__(self, config: Any, role: str, **kwargs: Any) -> None:
         if role not in ROLES:
             raise ValueError(f"ActorRolloutRefWorker role={role!r}; use one of {list(ROLES)}")
-        profiled = config["actor"] if role in ("actor", "actor_rollout", "actor_rollout_ref") else config.get(role, {})
+        trains = role in ("actor", "actor_ref", "actor_rollout", "actor_rollout_ref")
+        profiled = config["actor"] if trains else config.get(role, {})
         super().__init__(config["model"].get("external_lib"), profiled.get("profiler"))
         self.config = config
         self.role = self.profile_role = role
-        self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
+        self._is_actor = trains
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
-        self._is_ref = role in ("ref", "actor_rollout_ref")
+        self._is_ref = role in ("ref", "actor_ref", "actor_rollout_ref")
         initialize_global_process_group()
         self.model_config = build_model_config(config["model"])
         self.rollout_config = build_rollout_config(config["rollout"]) if self._is_rollout or self._is_actor else None
@@ -279,20 +284,24 @@ class ActorRolloutRefWorker(ProfiledWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def update_weights(self, version: int | None = None) -> dict[str, float]:
-        """Load the actor's current weights into the rollout engine as weight version ``version`` (default: the
-        engine's version + 1), waking the memory they load into (verified when asked)."""
-        if not (self._is_actor and self._is_rollout):
-            raise RuntimeError(f"update_weights needs the actor and the rollout in one worker, role is {self.role!r}")
-        self._check_idle("update_weights")
-        self.rollout.wake_up(["weights"])
+        """Load the actor's current weights into the rollout engine — this worker's (waking the memory they load
+        into) or the connected rollout server's — as weight version ``version`` (default: the engine's version + 1),
+        verified when asked."""
+        if not self._is_actor:
+            raise RuntimeError(f"update_weights on a worker of role {self.role!r}, which has no actor to push from")
+        target = self._weight_target()
+        if self._is_rollout:
+            self._check_idle("update_weights")
+            self.rollout.wake_up(["weights"])
         bucket = self.rollout_config.checkpoint_engine.update_weights_bucket_megabytes * 2**20
-        with self.rollout.weight_update(version):  # all buckets are one weight load: one new version
+        with target.weight_update(version):  # all buckets are one weight load: one new version
             stats = self.checkpoint_engine.send_weights(
                 self.actor_engine.iter_full_state_dict(bucket_bytes=bucket),
-                self.rollout,
+                target,
                 verify=self.verify_weight_sync,
             )
-        self.rollout.wake_up(["kv_cache"])
+        if self._is_rollout:
+            self.rollout.wake_up(["kv_cache"])
         self._rollout_asleep = self._actor_ahead = False
         return {f"weight_sync/{k}": v for k, v in stats.items()}
 

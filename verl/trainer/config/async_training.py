@@ -51,6 +51,11 @@ class AsyncTrainingConfig(BaseConfig):
             trainer's current weights, and let the rollout's log-probs enter through ``algorithm.rollout_correction``
             (decoupled PPO) instead of bypassing the recomputation (veRL: false; ours: false). Without
             ``use_rollout_log_probs`` the old log-probs are recomputed anyway.
+        default_rollout_is: ours: the off-policy correction an async mode applies at ``max_lag`` > 0 when
+            ``algorithm.rollout_correction`` asks for none (no ``rollout_is``, ``rollout_rs`` or ``bypass_mode``):
+            importance weights π_train/π_rollout from the samples' ``rollout_log_probs``, per ``"token"`` (the
+            default: truncated IS at ``rollout_correction.rollout_is_threshold``) or per ``"sequence"``; null trains
+            without correction. ``sync`` and lag 0 never add one.
     """
 
     max_lag: int = 1
@@ -60,8 +65,13 @@ class AsyncTrainingConfig(BaseConfig):
     partial_rollout: bool = False
     use_rollout_log_probs: bool = False
     compute_prox_log_prob: bool = False
+    default_rollout_is: str | None = "token"
 
     def __post_init__(self) -> None:
+        if self.default_rollout_is not in (None, "token", "sequence"):
+            raise ValueError(
+                f"async_training.default_rollout_is={self.default_rollout_is!r}; use 'token', 'sequence' or null"
+            )
         if not _int(self.max_lag) or self.max_lag < 0:
             raise ValueError(f"async_training.max_lag={self.max_lag!r} must be an integer >= 0 (weight versions)")
         threshold = self.staleness_threshold

@@ -16,7 +16,15 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from verl.base_config import omega_conf_to_dataclass
 from verl.trainer.config.async_training import AsyncTrainingConfig
 
-__all__ = ["async_training_config", "total_training_steps", "uses_bypass_mode", "with_derived_settings"]
+__all__ = [
+    "ASYNC_MODES",
+    "RESIDENT_BACKENDS",
+    "async_training_config",
+    "default_rollout_is",
+    "total_training_steps",
+    "uses_bypass_mode",
+    "with_derived_settings",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -41,14 +49,51 @@ def total_training_steps(config: Any, batches_per_epoch: int) -> int:
     return batches_per_epoch * int(config.trainer.total_epochs)
 
 
+ASYNC_MODES = ("colocate_async", "separate_async")
+# the weight push of a mode whose rollout engines live in processes of their own, per configured backend
+RESIDENT_BACKENDS = {"naive": "shm", "shm": "shm"}
+
+
+def default_rollout_is(config: Any) -> str | None:
+    """The importance weighting an async mode adds (``async_training.default_rollout_is``): at ``max_lag`` > 0,
+    when ``algorithm.rollout_correction`` sets no ``rollout_is``, ``rollout_rs`` or ``bypass_mode``; else None."""
+    if config.trainer.get("mode", "sync") not in ASYNC_MODES:
+        return None
+    settings = async_training_config(config)
+    correction = config.algorithm.get("rollout_correction") or {}
+    if settings.max_lag == 0 or uses_bypass_mode(config):
+        return None
+    if correction.get("rollout_is") or correction.get("rollout_rs"):
+        return None
+    return settings.default_rollout_is
+
+
 def with_derived_settings(config: DictConfig, total_steps: int) -> DictConfig:
     """A copy of ``config`` (resolved) with the derived settings filled in: ``optim.total_training_steps`` of the
-    actor and the critic, and with the bypass mode the actor's ``policy_loss`` (``loss_mode=bypass_mode`` and the
-    rollout-correction settings its loss reads, as veRL's trainer writes them)."""
+    actor and the critic; with the bypass mode the actor's ``policy_loss`` (``loss_mode=bypass_mode`` and the
+    rollout-correction settings its loss reads, as veRL's trainer writes them); in an async mode at lag > 0 without a
+    correction of the user's, ``rollout_correction.rollout_is`` (:func:`default_rollout_is`); in ``colocate_async``
+    the ``shm`` weight push (the in-process ``naive`` backend cannot reach the servers' processes)."""
     out = OmegaConf.create(OmegaConf.to_container(config, resolve=True))
     with open_dict(out):
         out.actor_rollout_ref.actor.optim.total_training_steps = total_steps
         out.critic.optim.total_training_steps = total_steps
+        rollout_is = default_rollout_is(out)
+        if rollout_is is not None:
+            logger.info(
+                "trainer.mode=%s at async_training.max_lag=%d: off-policy correction "
+                "algorithm.rollout_correction.rollout_is=%r (async_training.default_rollout_is; null turns it off)",
+                out.trainer.mode,
+                async_training_config(out).max_lag,
+                rollout_is,
+            )
+            out.algorithm.rollout_correction.rollout_is = rollout_is
+        if out.trainer.get("mode", "sync") == "colocate_async":
+            engine = out.actor_rollout_ref.rollout.checkpoint_engine
+            backend = RESIDENT_BACKENDS.get(engine.backend, engine.backend)
+            if backend != engine.backend:
+                logger.info("trainer.mode=colocate_async pushes weights across processes: backend %r", backend)
+            engine.backend = backend
         if uses_bypass_mode(out):
             policy_loss = out.actor_rollout_ref.actor.policy_loss
             logger.info("bypass mode: actor loss %r → 'bypass_mode'", policy_loss.loss_mode)

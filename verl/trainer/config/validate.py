@@ -27,7 +27,7 @@ from verl.base_config import omega_conf_to_dataclass
 from verl.trainer.config.algorithm import SUM_PI_SQUARED_ESTIMATORS, AlgoConfig
 from verl.trainer.config.async_training import AsyncTrainingConfig
 from verl.trainer.config.compose import CONFIG_DIR, compose_config, is_group_override
-from verl.trainer.config.derived import async_training_config, uses_bypass_mode
+from verl.trainer.config.derived import RESIDENT_BACKENDS, async_training_config, uses_bypass_mode
 from verl.trainer.config.schema import running_schema
 from verl.trainer.config.unread import report_unread
 from verl.workers.config import ActorConfig, CriticConfig, HFModelConfig, RefConfig, RolloutConfig
@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 BASE_YAML = CONFIG_DIR / "ppo_trainer.yaml"
 TARGET = "_target_"
 TRAINER_MODES = ("sync", "colocate_async", "separate_async")
-IMPLEMENTED_MODES = ("sync",)
+IMPLEMENTED_MODES = ("sync", "colocate_async")
 
 
 class ConfigError(ValueError):
@@ -202,12 +202,20 @@ def _async_training(config: Any, mode: str, problems: list[str]) -> None:
             "async_training.partial_rollout=true needs trainer.mode=separate_async, which is not available yet; "
             "set it false"
         )
+    if mode in ("sync", "colocate_async") and settings.trigger_parameter_sync_step != 1:
+        problems.append(
+            f"async_training.trigger_parameter_sync_step={settings.trigger_parameter_sync_step}: trainer.mode={mode} "
+            "pushes the weights after every update (1)"
+            + ("; generating with older weights is an async mode" if mode == "sync" else "; set it to 1")
+        )
+    if mode == "colocate_async" and settings.staleness_threshold is not None:
+        logger.warning(
+            "async_training.staleness_threshold=%s: no effect with trainer.mode=colocate_async, whose bound is "
+            "async_training.max_lag=%d (batches generated ahead, each from one weight version)",
+            settings.staleness_threshold,
+            settings.max_lag,
+        )
     if mode == "sync":
-        if settings.trigger_parameter_sync_step != 1:
-            problems.append(
-                f"async_training.trigger_parameter_sync_step={settings.trigger_parameter_sync_step}: trainer.mode=sync "
-                "pushes the weights after every update (1); generating with older weights is an async mode"
-            )
         defaults = AsyncTrainingConfig()
         ignored = [
             f"{k}={getattr(settings, k)}"
@@ -259,11 +267,17 @@ def _rollout(config: Any, problems: list[str]) -> None:
             "same generation path here"
         )
     backend = (rollout.get("checkpoint_engine") or {}).get("backend", "naive")
-    if backend == "shm":
+    mode = config.trainer.get("mode", "sync")
+    if mode == "sync" and backend == "shm":
         problems.append(
             "actor_rollout_ref.rollout.checkpoint_engine.backend=shm pushes weights into a rollout engine in another "
-            "process of the node, which no available trainer.mode has (the hybrid engine of trainer.mode=sync holds "
-            "it in the training process); use backend=naive"
+            "process of the node (trainer.mode=colocate_async); the hybrid engine of trainer.mode=sync holds it in "
+            "the training process: use backend=naive"
+        )
+    elif mode == "colocate_async" and backend not in RESIDENT_BACKENDS:
+        problems.append(
+            f"actor_rollout_ref.rollout.checkpoint_engine.backend={backend!r}: trainer.mode=colocate_async pushes "
+            f"weights to the rollout servers of the node with one of {sorted(RESIDENT_BACKENDS)}"
         )
     tp = rollout.tensor_model_parallel_size
     if rollout.name == "vllm" and tp != 1:

@@ -48,7 +48,7 @@ from verl.trainer.ppo.metric_utils import (
 from verl.trainer.ppo.profiling import TrainerProfiling
 from verl.trainer.ppo.reward import compute_reward_with_metrics
 from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode, compute_rollout_correction_and_add_to_batch
-from verl.trainer.ppo.rollout_manager import CheckpointManager, create_rollout_manager
+from verl.trainer.ppo.rollout_manager import CheckpointManager, create_rollout_manager, start_rollout_servers
 from verl.trainer.ppo.rollout_source import PromptStream, RolloutFilter, get_rollout_source_class
 from verl.trainer.ppo.trainer_checkpoint import TrainerCheckpointing
 from verl.trainer.ppo.trainer_state import TrainerState
@@ -134,15 +134,15 @@ class RayPPOTrainer(TrainerCheckpointing, TrainerProfiling, GenerationDumps):
         self._init_profiling()
         algo = self.config.algorithm
         self.kl_ctrl_in_reward = get_kl_controller(algo.kl_ctrl) if algo.use_kl_in_reward else None
-        correction = algo.get("rollout_correction") or {}
-        self.bypass_mode = uses_bypass_mode(self.config)
-        self.rollout_correction = bool(correction.get("rollout_is") or correction.get("rollout_rs"))
         self.train_dataset, self.val_dataset = train_dataset, val_dataset
         trainer = self.config.trainer
         self.generations_logger = ValidationGenerationsLogger(trainer.project_name, trainer.experiment_name)
         self._create_dataloader(train_dataset, val_dataset, collate_fn, train_sampler)
         self.total_training_steps = total_training_steps(self.config, len(self.train_dataloader))
         self.config = with_derived_settings(self.config, self.total_training_steps)
+        correction = self.config.algorithm.get("rollout_correction") or {}
+        self.bypass_mode = uses_bypass_mode(self.config)
+        self.rollout_correction = bool(correction.get("rollout_is") or correction.get("rollout_rs"))
         self.state = TrainerState(kl_ctrl=self.kl_ctrl_in_reward, dataloader=self.train_dataloader)
         self.rollout_filter = self._create_rollout_filter()
         self.rollout_source = get_rollout_source_class(trainer.mode)(self)
@@ -197,13 +197,18 @@ class RayPPOTrainer(TrainerCheckpointing, TrainerProfiling, GenerationDumps):
         return functools.partial(accumulate_groups, config=self.config)
 
     def init_workers(self) -> None:
-        """Create the pools and one fused worker per bundle for the roles of each pool; build their models."""
+        """Create the pools and one fused worker per bundle for the roles of each pool; build their models. The
+        rollout engines are inside the actor's workers (the hybrid engine), or, in a mode with resident servers,
+        a worker group of their own on the actor's bundles (``self.rollout_wg``)."""
+        resident = self.rollout_source.resident_servers
+        if resident:  # each bundle hosts a training worker and its rollout server
+            self.resource_pool_manager.max_colocate_count = max(2, self.resource_pool_manager.max_colocate_count)
         self.resource_pool_manager.create_resource_pool()
         pool_classes: dict[Any, dict[str, RayClassWithInitArgs]] = defaultdict(dict)
         arr_role = Role.ActorRolloutRef if Role.ActorRolloutRef in self.role_worker_mapping else Role.ActorRollout
         check_ref_worker(self.role_worker_mapping, arr_role)
         pool = self.resource_pool_manager.get_resource_pool(arr_role)
-        role_name = "actor_rollout_ref" if self.use_reference_policy else "actor_rollout"
+        role_name = ("actor" if resident else "actor_rollout") + ("_ref" if self.use_reference_policy else "")
         pool_classes[pool]["actor_rollout"] = RayClassWithInitArgs(
             self.role_worker_mapping[arr_role], config=self.config.actor_rollout_ref, role=role_name
         )
@@ -230,17 +235,24 @@ class RayPPOTrainer(TrainerCheckpointing, TrainerProfiling, GenerationDumps):
             if wg is not None:
                 wg.init_model()
         self.actor_rollout_wg.init_model()
+        self.rollout_wg = self.actor_rollout_wg
+        if resident:
+            self.rollout_wg = start_rollout_servers(
+                pool, self.role_worker_mapping[arr_role], self.config, self.actor_rollout_wg
+            )
         self.async_rollout_manager = create_rollout_manager(
             self.config,
-            self.actor_rollout_wg,
+            self.rollout_wg,
             tokenizer=self.tokenizer,
             reward_fn=None if self.use_rm else self.reward_fn,  # a reward model scores after generation
             val_reward_fn=None if self.use_rm else self.val_reward_fn,
             step=lambda: self.global_steps,
         )
-        self.checkpoint_manager = CheckpointManager(
-            self.actor_rollout_wg, self.state, free_cache_engine=self.config.actor_rollout_ref.rollout.free_cache_engine
-        )
+        free_cache = self.config.actor_rollout_ref.rollout.free_cache_engine and not resident
+        self.checkpoint_manager = CheckpointManager(self.actor_rollout_wg, self.state, free_cache_engine=free_cache)
+        if resident:  # the servers loaded the model from its path: they get the actor's weights as version 0
+            self.checkpoint_manager.resync_weights()
+            self.actor_rollout_wg.generate_sequences = self.rollout_wg.generate_sequences
         if self.config.actor_rollout_ref.rollout.get("skip_rollout", False):
             RolloutSkip(self.config, self.async_rollout_manager).wrap_generate_sequences()
 
@@ -265,16 +277,19 @@ class RayPPOTrainer(TrainerCheckpointing, TrainerProfiling, GenerationDumps):
         validate: bool = False,
         do_sample: bool = True,
         first_prompt: int = 0,
+        seed_step: int | None = None,
     ) -> DataProto:
         """Generate ``n`` responses per prompt (greedy without ``do_sample``); returns the prompts' rows repeated
         ``n`` times joined with them, and ``meta_info["generation"]``: the generation's ``timing`` and its workers'
         ``metrics``. ``batch`` itself is left as it was. The prompts are numbered from ``first_prompt`` (the number
-        seeds their samples: each generation batch of a step needs its own)."""
+        seeds their samples: each generation batch of a step needs its own), the step from ``seed_step`` (default:
+        the current one)."""
         n = n or self.config.actor_rollout_ref.rollout.n
         batch = batch.select(batch_keys=list(batch.batch.keys()))  # a shallow copy: _get_gen_batch pops from it
         gen = self._get_gen_batch(batch)
         gen.batch["prompt_index"] += first_prompt
-        gen.meta_info.update(validate=validate, global_steps=self.global_steps)  # the step seeds the sampling
+        seed_step = self.global_steps if seed_step is None else seed_step
+        gen.meta_info.update(validate=validate, global_steps=seed_step)  # the step seeds the sampling
         if not do_sample:
             gen.meta_info["do_sample"] = False
         output = self.async_rollout_manager.generate_sequences(gen.repeat(n, interleave=True))
@@ -422,11 +437,11 @@ class RayPPOTrainer(TrainerCheckpointing, TrainerProfiling, GenerationDumps):
         return [names] if isinstance(names, str) else list(names)
 
     # ------------------------------------------------------------------ the loop
-    def _step_uids(self, batch: DataProto, epoch: int) -> None:
-        """Deterministic per-prompt ids from the dataset index and the epoch (never random)."""
+    def _step_uids(self, batch: DataProto, epoch: int, step: int | None = None) -> None:
+        """Deterministic per-prompt ids from the dataset index (else the step's position) and the epoch."""
         index = batch.non_tensor_batch.get("index")
         if index is None:
-            index = np.arange(len(batch)) + (self.global_steps - 1) * len(batch)
+            index = np.arange(len(batch)) + ((step or self.global_steps) - 1) * len(batch)
         batch.non_tensor_batch["uid"] = np.array([f"{epoch}-{i}" for i in index], dtype=object)
 
     def fit(self) -> None:
@@ -505,15 +520,20 @@ class RayPPOTrainer(TrainerCheckpointing, TrainerProfiling, GenerationDumps):
         if callable(on_batch_end):
             on_batch_end(batch=batch)
 
-    def _rollout(self, batch: DataProto, step: StepState) -> DataProto:
+    def _rollout(
+        self, batch: DataProto, step: StepState, *, epoch: int | None = None, seed_step: int | None = None
+    ) -> DataProto:
         """Generate ``rollout.n`` responses per prompt with the engines' current weights (and ReMax's greedy
-        baseline) and score them: the generation stages a rollout source schedules."""
+        baseline) and score them: the generation stages a rollout source schedules. ``epoch`` (the prompts' pass
+        over the data) and ``seed_step`` (the step number that seeds the sampling) default to the trainer's; a
+        source generating ahead of the trainer gives the batch's own."""
         timing, metrics = step.timing, step.metrics
-        self._step_uids(batch, self.state.epoch)
+        epoch = self.state.epoch if epoch is None else epoch
+        self._step_uids(batch, epoch, seed_step)
         batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
         prompts = batch
         with self._stage("gen", timing):  # DAPO's extra generation batches of a step get fresh seeds
-            batch = self._generate(prompts, first_prompt=step.gen_batches * len(prompts))
+            batch = self._generate(prompts, first_prompt=step.gen_batches * len(prompts), seed_step=seed_step)
         generation = batch.meta_info.pop("generation")
         timing.update(generation["timing"])
         metrics.update(generation["metrics"])
@@ -560,6 +580,7 @@ class RayPPOTrainer(TrainerCheckpointing, TrainerProfiling, GenerationDumps):
             if self._updates_actor():
                 with self._stage("update_actor", timing):
                     metrics.update(reduce_metrics(self._update_actor(batch).meta_info["metrics"]))
+                self.rollout_source.before_weights(step)
                 with self._stage("update_weights", timing):
                     metrics.update(self.checkpoint_manager.update_weights())
                 self.rollout_source.on_weights(self.state.weight_version)

@@ -18,7 +18,7 @@ from typing import Any
 
 from verl.utils.metric import reduce_metrics
 
-__all__ = ["CheckpointManager", "create_rollout_manager"]
+__all__ = ["CheckpointManager", "create_rollout_manager", "start_rollout_servers"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +58,26 @@ def create_rollout_manager(
     if hasattr(manager, "generate_sequences_per_prompt"):
         worker_group.generate_sequences = manager.generate_sequences_per_prompt
     return manager
+
+
+def start_rollout_servers(pool: Any, worker_cls: Any, config: Any, actor_wg: Any) -> Any:
+    """Resident rollout servers beside the training workers: a worker group of role ``rollout`` on the bundles of
+    ``pool`` (one server per training rank, each in a process of its own, its engine built from the model path),
+    each connected to the training worker of its rank for the weight push (``actor_wg.connect_rollout_server``).
+    The caller pushes the actor's weights before the servers generate."""
+    from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
+    from verl.single_controller.ray.colocated import remote_worker_class
+
+    cls = remote_worker_class(getattr(worker_cls, "__ray_actor_class__", worker_cls))
+    servers = RayWorkerGroup(
+        pool,
+        RayClassWithInitArgs(cls, config=config.actor_rollout_ref, role="rollout"),
+        name_prefix=f"{pool.name_prefix}_rollout_",
+    )
+    servers.init_model()
+    nbytes = actor_wg.connect_rollout_server(servers.workers, getattr(servers, "method_prefix", ""))
+    logger.info("%d rollout server(s) beside the training workers, %s shared bytes each", len(nbytes), nbytes[0])
+    return servers
 
 
 class CheckpointManager:

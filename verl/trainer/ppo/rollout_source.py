@@ -7,6 +7,9 @@ batch is generated; it is chosen by ``trainer.mode`` from a registry (:func:`reg
 
 - ``sync`` (:class:`SyncRolloutSource`): generate now, with the current weights (lag 0), then put the rollout
   engines to sleep until the update's weight push wakes them.
+- ``colocate_async`` (:class:`~verl.trainer.ppo.colocate_async.ColocateAsyncRolloutSource`): resident rollout
+  servers beside the training workers generate the next ``async_training.max_lag`` batches while the trainer
+  updates; ``before_weights`` waits for the batch in flight, so each batch comes from one weight version.
 
 A source pulls prompts from the trainer's :class:`PromptStream` and generates them through the trainer's stages
 (``_rollout``: gen → gen_max → reward). A *rollout filter* (the trainer's ``rollout_filter``, made by the
@@ -17,6 +20,7 @@ sampling is one (:func:`verl.trainer.ppo.dynamic_sampling.accumulate_groups`).
 from __future__ import annotations
 
 import abc
+import importlib
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -80,6 +84,15 @@ class RolloutSource(abc.ABC):
         """The scored training batch of ``step`` (``data.train_batch_size`` prompts × ``rollout.n``), its
         generation stages timed and their metrics added into ``step``; None when the data ran out."""
 
+    #: the mode's rollout engines are servers of their own beside the training workers (resident, never asleep),
+    #: not the hybrid engine inside them
+    resident_servers: bool = False
+
+    def before_weights(self, step: StepState) -> None:
+        """The trainer is about to push new weights to the rollout engines (``sync``: nothing to do; a source
+        generating with the current ones finishes first)."""
+        return None
+
     def on_weights(self, version: int) -> None:
         """The trainer pushed weight version ``version`` to the rollout engines (``sync``: nothing to do)."""
         return None
@@ -120,11 +133,16 @@ def register_rollout_source(mode: str) -> Callable[[type[RolloutSource]], type[R
 
 def registered_rollout_sources() -> list[str]:
     """The trainer modes that have a rollout source."""
-    return sorted(_SOURCES)
+    return sorted({*_SOURCES, *_BUILT_IN})
+
+
+_BUILT_IN = {"colocate_async": "verl.trainer.ppo.colocate_async"}  # imported on first use
 
 
 def get_rollout_source_class(mode: str) -> type[RolloutSource]:
     """The rollout source of ``trainer.mode=<mode>``."""
+    if mode not in _SOURCES and mode in _BUILT_IN:
+        importlib.import_module(_BUILT_IN[mode])
     if mode not in _SOURCES:
         raise ValueError(f"trainer.mode={mode!r} has no rollout source; registered: {registered_rollout_sources()}")
     return _SOURCES[mode]
