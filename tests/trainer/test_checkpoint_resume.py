@@ -35,8 +35,8 @@ COMMON = (
     "trainer.total_training_steps=4",
     "trainer.save_freq=1",
 )
-# what may differ between two runs of the same steps: wall-clock figures
-# timings, and the agent loops' per-sample timings (which sample is the slowest depends on timing too)
+# what may differ between two runs of the same steps: wall-clock figures (timings, the async modes' idle shares),
+# and the agent loops' per-sample timings (which sample is the slowest depends on timing too)
 NOT_COMPARED = (
     "timing",
     "time",
@@ -46,6 +46,7 @@ NOT_COMPARED = (
     "agent_loop/generate_sequences",
     "agent_loop/tool_calls",
     "agent_loop/slowest",
+    "idle_ratio",
 )
 # present, finite floats at every step of a PPO run with a critic and a KL loss
 FINITE = (
