@@ -13,9 +13,9 @@ CPU use: while the run trains, the benchmark reads every 0.2 s the CPU time of t
 by Ray process title: the training worker (``WorkerDict``), the rollout server (``ActorRolloutRefWorker``), the
 agent-loop worker, the driver (``TaskRunner``), and "other" (Ray's own processes, the CLI process). "Cores" is CPU
 seconds over wall seconds. Per stage: each step's stage windows are placed back from the moment its record reaches
-the file logger, in the order the trainer runs them (sync: gen → reward → old_log_prob → adv → update_actor → update_weights; colocate_async: old_log_prob → adv →
-update_actor → wait_rollout → update_weights — at lag 1 a step's batch is done before it starts), and each
-process's CPU is summed over them.
+the file logger, in the order the trainer runs them (sync: gen → reward → old_log_prob → adv → update_actor →
+update_weights; colocate_async: old_log_prob → adv → update_actor → wait_rollout → update_weights — at lag 1 a
+step's batch is done before it starts), and each process's CPU is summed over them.
 
 - **tiny**: the demo's tiny Qwen2 (hidden 128, 2 layers), 16 prompts × 4 samples × 256 tokens (``ignore_eos``),
   fp32.

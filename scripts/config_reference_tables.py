@@ -194,6 +194,8 @@ DESCRIPTIONS: dict[str, str] = {
 OURS: dict[str, str] = {
     "trainer.mode": "",
     "async_training.max_lag": "veRL bounds staleness by samples (`staleness_threshold`); ours counts weight versions.",
+    "async_training.default_rollout_is": "veRL leaves the correction to `algorithm.rollout_correction`; ours turns "
+    "token-level truncated IS on in an async mode at lag > 0 when that section asks for none.",
     "trainer.device": "",
     "reward_model.timeout_s": "",
     "data.filter_malformed_rows": "",
@@ -247,9 +249,9 @@ DIFFERENCES: dict[str, str] = {
     "`algorithm.rollout_correction.bypass_mode=true` the trainer fills it (and sets `loss_mode=bypass_mode`).",
     "data.datagen.path": "a non-null value fails at start-up: dynamically generated datasets are not supported yet.",
     "async_training.staleness_threshold": "veRL's default is 0.1; ours is null (the bound is `max_lag`); a value above "
-    "`max_lag` is an error; with `trainer.mode=sync` a value warns (no effect).",
+    "`max_lag` is an error; with `trainer.mode=sync` or `colocate_async` a value warns (no effect).",
     "async_training.trigger_parameter_sync_step": "veRL's default is 4; ours is 1 (a push after every update); "
-    "`trainer.mode=sync` refuses any other value.",
+    "`trainer.mode=sync` and `colocate_async` refuse any other value.",
     "async_training.require_batches": "veRL's default is 1 (the trainer batch in mini-batches); ours is null: the "
     "trainer takes `data.train_batch_size` prompts, and a value that disagrees with it is an error.",
     "async_training.partial_rollout": "veRL's default is true; ours is false, and true is refused until "

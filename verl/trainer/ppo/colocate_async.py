@@ -115,15 +115,19 @@ class ColocateAsyncRolloutSource(RolloutSource):
         """Wait for the batch in flight: it was started with the weights about to be replaced. Adds the step's
         ``timing_s/wait_rollout`` and veRL's fully-async idle shares: ``trainer/idle_ratio`` (the trainer waiting on
         generation) and ``rollouter/idle_ratio`` (the servers not generating), over the step so far."""
-        start = time.perf_counter()
-        for generation in self._queue:
-            self._result(generation, waited=False)
-        self._waited += time.perf_counter() - start
+        self.wait_idle()
         step.timing["wait_rollout"] = self._waited
         elapsed = time.perf_counter() - self._step_start
         busy, self._busy_since_step = self._busy_since_step, 0.0
         step.metrics["trainer/idle_ratio"] = min(1.0, self._waited / elapsed)
         step.metrics["rollouter/idle_ratio"] = max(0.0, 1.0 - busy / elapsed)
+
+    def wait_idle(self) -> None:
+        """Wait until no generation batch is in flight (counted as the trainer's wait)."""
+        start = time.perf_counter()
+        for generation in self._queue:
+            self._result(generation, waited=False)
+        self._waited += time.perf_counter() - start
 
     def on_weights(self, version: int) -> None:
         """The push is done: its time is also veRL's ``timing_s/param_sync``."""

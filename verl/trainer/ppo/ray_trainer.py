@@ -416,6 +416,7 @@ class RayPPOTrainer(TrainerCheckpointing, TrainerProfiling, GenerationDumps):
         and dumps to ``trainer.validation_data_dir``."""
         if self.val_dataloader is None or self.val_reward_fn is None:
             return {}
+        self.rollout_source.wait_idle()  # the servers never mix validation requests with a training batch's
         trainer = self.config.trainer
         n = self.config.actor_rollout_ref.rollout.val_kwargs.n
         samples = ValidationSamples()

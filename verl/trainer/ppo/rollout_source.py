@@ -93,6 +93,11 @@ class RolloutSource(abc.ABC):
         generating with the current ones finishes first)."""
         return None
 
+    def wait_idle(self) -> None:
+        """Return when no generation of the source is in flight (before the trainer generates itself: validation,
+        so that the servers never mix its requests with a batch's; ``sync``: nothing is ever in flight)."""
+        return None
+
     def on_weights(self, version: int) -> None:
         """The trainer pushed weight version ``version`` to the rollout engines (``sync``: nothing to do)."""
         return None
