@@ -56,6 +56,8 @@ WORKLOADS = {  # ignore_eos: every response is 256 tokens (the workload is the g
     "tiny": {
         "data.max_response_length": "256",
         "actor_rollout_ref.rollout.ignore_eos": "true",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "16",  # 4× faster than 64 sequences of 288 tokens
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": "16",
     },
     "smollm2": SMOLLM2_OVERRIDES
     | {

@@ -223,6 +223,12 @@ def test_wrong_role_calls_are_clear(ray_cluster, tiny_model_dir):
         wg.init_model()
         with pytest.raises(Exception, match="update_actor on a worker of role 'ref'"):
             wg.update_actor(prompts())
+        with pytest.raises(Exception, match="update_weights on a worker of role 'ref', which has no actor"):
+            wg.update_weights(version=1)
+        with pytest.raises(Exception, match="weight_receiver on a worker of role 'ref': only a rollout server"):
+            wg.weight_receiver("begin", 1)
+        with pytest.raises(Exception, match="connect_rollout_server on a worker of role 'ref'"):
+            wg.connect_rollout_server([None])
     finally:
         wg.shutdown()
         pool.release()

@@ -80,10 +80,54 @@ def test_sync_says_that_the_bound_has_no_effect(caplog):
     assert "async_training" not in caplog.text
 
 
-def test_async_modes_stay_refused_until_they_land():
-    for mode in ("colocate_async", "separate_async"):
-        with pytest.raises(ConfigError, match=f"trainer.mode='{mode}' is not available yet"):
-            validate_config(merged([*VALID, f"trainer.mode={mode}"]))
+def test_separate_async_stays_refused_until_it_lands():
+    with pytest.raises(ConfigError, match="trainer.mode='separate_async' is not available yet"):
+        validate_config(merged([*VALID, "trainer.mode=separate_async"]))
+    validate_config(merged([*VALID, "trainer.mode=colocate_async"]))
+
+
+COLOCATE = [*VALID, "trainer.mode=colocate_async"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["async_training.trigger_parameter_sync_step=2"], "trainer.mode=colocate_async pushes the weights after"),
+        (["async_training.partial_rollout=true"], "partial_rollout=true needs trainer.mode=separate_async"),
+        (["actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"], "backend='nccl': trainer.mode=colocate_async"),
+        (["reward_model.enable=true"], "reward_model.enable=true with trainer.mode=colocate_async"),
+    ],
+)
+def test_colocate_async_refuses_by_name(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        validate_config(merged([*COLOCATE, *overrides]))
+
+
+def test_colocate_async_says_that_the_threshold_has_no_effect(caplog):
+    with caplog.at_level(logging.WARNING, logger="verl.trainer.config.validate"):
+        validate_config(merged([*COLOCATE, "async_training.staleness_threshold=0.5"]))
+    assert "staleness_threshold=0.5: no effect with trainer.mode=colocate_async" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("overrides", "rollout_is"),
+    [
+        ([], "token"),  # lag 1 without a correction of the user's: truncated IS per token
+        (["async_training.default_rollout_is=sequence"], "sequence"),
+        (["async_training.default_rollout_is=null"], None),  # asked to train uncorrected
+        (["async_training.max_lag=0"], None),  # lag 0 is on-policy
+        (["algorithm.rollout_correction.rollout_rs=token_k1"], None),  # the user's own correction stands
+        (["algorithm.rollout_correction.rollout_is=sequence"], "sequence"),
+        (["async_training.use_rollout_log_probs=true"], None),  # the bypass loss
+    ],
+)
+def test_colocate_async_corrects_off_policy_samples_unless_told_otherwise(overrides, rollout_is):
+    derived = with_derived_settings(merged([*COLOCATE, *overrides]), total_steps=3)
+    assert derived.algorithm.rollout_correction.rollout_is == rollout_is
+    assert derived.actor_rollout_ref.rollout.checkpoint_engine.backend == "shm"  # the push between processes
+    sync = with_derived_settings(merged(VALID), total_steps=3)
+    assert sync.algorithm.rollout_correction.rollout_is is None
+    assert sync.actor_rollout_ref.rollout.checkpoint_engine.backend == "naive"
 
 
 def test_derived_settings_are_written_into_a_copy_once():

@@ -208,6 +208,13 @@ def _async_training(config: Any, mode: str, problems: list[str]) -> None:
             "pushes the weights after every update (1)"
             + ("; generating with older weights is an async mode" if mode == "sync" else "; set it to 1")
         )
+    reward_model = config.get("reward_model") or {}
+    if mode == "colocate_async" and reward_model.get("enable") and not reward_model.get("enable_resource_pool"):
+        problems.append(
+            "reward_model.enable=true with trainer.mode=colocate_async: the reward model scores each batch on the "
+            "generation thread while the training workers update, so it cannot share their processes; set "
+            "reward_model.enable_resource_pool=true (with reward_model.n_gpus_per_node / nnodes)"
+        )
     if mode == "colocate_async" and settings.staleness_threshold is not None:
         logger.warning(
             "async_training.staleness_threshold=%s: no effect with trainer.mode=colocate_async, whose bound is "

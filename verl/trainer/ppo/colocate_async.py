@@ -170,8 +170,9 @@ class ColocateAsyncRolloutSource(RolloutSource):
             start = time.perf_counter()
             try:
                 generation.batch = generation.future.result()
-            except Exception as e:
-                raise RuntimeError(f"colocate_async: generation batch {generation.index} failed: {e}") from e
+            except Exception as e:  # the generation's own error (its type kept: a dead worker stays one)
+                e.add_note(f"in colocate_async's background generation of batch {generation.index}")
+                raise
             finally:
                 generation.future = None
             if waited:
@@ -182,10 +183,10 @@ class ColocateAsyncRolloutSource(RolloutSource):
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """The generated batches not trained yet and the next batch number (the checkpoint is written after the
-        push, when nothing is in flight)."""
-        if any(generation.future is not None and not generation.future.done() for generation in self._queue):
-            raise RuntimeError("colocate_async: a checkpoint while a generation batch is in flight")
+        """The generated batches not trained yet and the next batch number. The checkpoint is written after the
+        push, when nothing is in flight; in a step without a push (critic warm-up) the batch in flight is waited
+        for and saved too."""
+        self.wait_idle()
         return {
             "next_index": self._next_index,
             "ready": [{**g.state(), "batch": self._result(g, waited=False)} for g in self._queue],
