@@ -252,8 +252,9 @@ def unread_notes() -> dict[str, str]:
     modes = [m for m in validate.TRAINER_MODES if m not in validate.IMPLEMENTED_MODES]
     if modes:
         names = ", ".join(f"`{m}`" for m in modes)
-        implemented = ", ".join(f"`{m}`" for m in validate.IMPLEMENTED_MODES)
-        notes["trainer.mode"] = f"{names}: **refused** (not implemented yet); only {implemented} runs."
+        implemented = " and ".join(f"`{m}`" for m in validate.IMPLEMENTED_MODES)
+        verb = "run" if len(validate.IMPLEMENTED_MODES) > 1 else "runs"
+        notes["trainer.mode"] = f"{names}: **refused** (not implemented yet); {implemented} {verb}."
     return notes
 
 
