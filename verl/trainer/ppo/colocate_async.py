@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import logging
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -41,8 +40,6 @@ if TYPE_CHECKING:
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
 __all__ = ["ColocateAsyncRolloutSource"]
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -87,15 +84,7 @@ class ColocateAsyncRolloutSource(RolloutSource):
         step.metrics["fully_async/count/current_param_version"] = trainer.state.weight_version
         while True:
             if not self._queue and not self._start():
-                if step.gen_batches:
-                    logger.warning(
-                        "the data ran out during step %d after %d generation batches (%d of %d prompts kept): the "
-                        "step was not trained",
-                        trainer.state.global_steps,
-                        step.gen_batches,
-                        step.kept_prompts,
-                        trainer.config.data.train_batch_size,
-                    )
+                self.data_ran_out(step)
                 return None
             generation = self._queue.popleft()
             batch = self._result(generation)

@@ -118,6 +118,19 @@ class RolloutSource(abc.ABC):
         """Stop whatever the source runs in the background (``sync``: nothing)."""
         return None
 
+    def data_ran_out(self, step: StepState) -> None:
+        """The prompts ran out while ``step`` was being assembled: a step that had started filling (a rollout
+        filter kept part of its batches) says that it is not trained."""
+        if step.gen_batches:
+            logger.warning(
+                "the data ran out during step %d after %d generation batches (%d of %d prompts kept): the step was "
+                "not trained",
+                self.trainer.state.global_steps,
+                step.gen_batches,
+                step.kept_prompts,
+                self.trainer.config.data.train_batch_size,
+            )
+
 
 _SOURCES: dict[str, type[RolloutSource]] = {}
 
@@ -164,15 +177,7 @@ class SyncRolloutSource(RolloutSource):
         while True:
             prompts = trainer.prompts.next()
             if prompts is None:
-                if step.gen_batches:
-                    logger.warning(
-                        "the data ran out during step %d after %d generation batches (%d of %d prompts kept): the "
-                        "step was not trained",
-                        trainer.state.global_steps,
-                        step.gen_batches,
-                        step.kept_prompts,
-                        trainer.config.data.train_batch_size,
-                    )
+                self.data_ran_out(step)
                 return None
             step.metrics.setdefault("training/epoch", trainer.state.epoch)
             batch = trainer._rollout(prompts, step)
