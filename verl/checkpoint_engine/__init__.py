@@ -1,7 +1,8 @@
-"""Weight sync trainer → rollout engine (``rollout.checkpoint_engine.backend``): ``naive`` (in-process) and ``shm``
-(into an engine of another process of the node, through shared memory)."""
+"""Weight sync trainer → rollout engine (``rollout.checkpoint_engine.backend``): ``naive`` (in-process), ``shm``
+(into an engine of another process of the node, through shared memory) and ``gloo`` / ``nccl`` (broadcast to rollout
+replicas in other processes or on other nodes, over a process group of the push's own)."""
 
-from verl.checkpoint_engine import shm  # noqa: F401  (registers the "shm" backend)
+from verl.checkpoint_engine import collective, shm  # noqa: F401  (register the "gloo" / "nccl" and "shm" backends)
 from verl.checkpoint_engine.base import (
     CheckpointEngine,
     CheckpointEngineRegistry,

@@ -59,6 +59,10 @@ def test_a_valid_config_passes():
             "actor_rollout_ref.rollout.checkpoint_engine.backend=shm",
             "backend=shm pushes weights into a rollout engine in another process of the node",
         ),
+        (
+            "actor_rollout_ref.rollout.checkpoint_engine.backend=gloo",
+            "backend=gloo broadcasts weights to rollout replicas on a pool of their own",
+        ),
         ("trainer.n_gpus_per_node=3", "8 × 2 = 16 is not divisible by 3 workers"),
         (
             "actor_rollout_ref.actor.ppo_mini_batch_size=16",

@@ -281,6 +281,12 @@ def _rollout(config: Any, problems: list[str]) -> None:
             "process of the node (trainer.mode=colocate_async); the hybrid engine of trainer.mode=sync holds it in "
             "the training process: use backend=naive"
         )
+    elif mode == "sync" and backend in ("gloo", "nccl"):
+        problems.append(
+            f"actor_rollout_ref.rollout.checkpoint_engine.backend={backend} broadcasts weights to rollout replicas on "
+            "a pool of their own (trainer.mode=separate_async, not available yet); the hybrid engine of "
+            "trainer.mode=sync holds the engine in the training process: use backend=naive"
+        )
     elif mode == "colocate_async" and backend not in RESIDENT_BACKENDS:
         problems.append(
             f"actor_rollout_ref.rollout.checkpoint_engine.backend={backend!r}: trainer.mode=colocate_async pushes "

@@ -190,8 +190,9 @@ class CheckpointEngineConfig(BaseConfig):
 
     Args:
         backend: registered checkpoint-engine name ("naive": colocated, in-process; "shm": into an engine of another
-            process of the node through shared memory, for a rollout server beside the trainer — no available
-            trainer mode has one yet, so validation refuses it).
+            process of the node through shared memory — ``trainer.mode=colocate_async`` takes "naive" as "shm";
+            "gloo" / "nccl": broadcast to rollout replicas in other processes or nodes over a process group of the
+            push's own, for rollout replicas on a pool of their own — refused until ``separate_async`` exists).
         update_weights_bucket_megabytes: weights are sent in buckets of this size.
         engine_kwargs: backend-specific options.
     """

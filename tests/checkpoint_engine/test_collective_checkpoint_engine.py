@@ -1,0 +1,119 @@
+"""The ``gloo`` weight push for real: the trainer's side in this process (rank 0 of the push's own process group), two
+hf rollout replicas in Ray actors (other processes), one broadcast per bucket — cast, versioned, verified bit for bit
+in every replica, a replica that differs named."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import ray
+import torch
+
+from verl.checkpoint_engine import WeightSyncError, get_checkpoint_engine, tensor_digest
+from verl.checkpoint_engine.collective import BroadcastReceiver, BroadcastSender, weight_group
+from verl.utils.net_utils import node_ip_and_free_port
+from verl.utils.tiny_model import build_tiny_qwen2
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+BUCKET_MB = 0.1  # several buckets for the tiny model
+REPLICAS = 2
+CORRUPTED = "model.layers.1.mlp.up_proj.weight"
+
+
+@ray.remote(num_cpus=0)
+class Replica:
+    """An hf rollout engine (bf16) in its own process, a receiving rank of the weight group."""
+
+    def __init__(self, model_dir: str) -> None:
+        from verl.workers.rollout import get_rollout_class
+
+        config = {"name": "hf", "dtype": "bfloat16", "response_length": 8}
+        self.rollout = get_rollout_class("hf")(config=config, model_path=model_dir)
+        self.receiver: BroadcastReceiver | None = None
+
+    def join(self, host: str, port: int, rank: int, world: int) -> int:
+        self.receiver = BroadcastReceiver(weight_group(host, port, rank, world, timeout_s=60), self.rollout)
+        return os.getpid()
+
+    def receive(self) -> int | None:
+        return self.receiver.receive()
+
+    def corrupt_loads(self) -> None:
+        """From now on flip one value of one tensor as it is loaded (a faulty engine)."""
+        load = self.rollout.update_weights
+
+        def corrupted(named_tensors):
+            named_tensors = [(n, t.clone()) for n, t in named_tensors]
+            for name, tensor in named_tensors:
+                if name == CORRUPTED:
+                    tensor.view(-1)[0] += 1
+            load(named_tensors)
+
+        self.rollout.update_weights = corrupted
+
+    def weight_version(self) -> int:
+        return self.rollout.weight_version
+
+    def digests(self) -> dict[str, str]:
+        return {name: tensor_digest(t) for name, t in self.rollout.named_weights()}
+
+
+@pytest.fixture(scope="module")
+def pushed(ray_cluster, tiny_model_dir):
+    """Two replicas and the trainer's sender, joined in one weight group."""
+    replicas = [Replica.remote(tiny_model_dir) for _ in range(REPLICAS)]
+    host, port = node_ip_and_free_port()
+    joins = [r.join.remote(host, port, rank, REPLICAS + 1) for rank, r in enumerate(replicas, start=1)]
+    sender = BroadcastSender(weight_group(host, port, 0, REPLICAS + 1, timeout_s=60))
+    pids = ray.get(joins)
+    yield sender, replicas, pids
+    receives = [r.receive.remote() for r in replicas]
+    sender.close()
+    assert ray.get(receives) == [None] * REPLICAS  # closed: no push follows
+    for replica in replicas:
+        ray.kill(replica)
+
+
+def push(sender, replicas, version: int, verify: bool = True) -> tuple[dict, list]:
+    engine = get_checkpoint_engine({"backend": "gloo", "update_weights_bucket_megabytes": BUCKET_MB}, dtype="bfloat16")
+    receives = [r.receive.remote() for r in replicas]  # each replica takes part in the push
+    try:
+        with sender.weight_update(version=version):
+            stats = engine.send_weights(build_tiny_qwen2(seed=7).state_dict().items(), sender, verify=verify)
+    finally:
+        versions = ray.get(receives)
+    return stats, versions
+
+
+def test_a_push_reaches_every_replica_bucketed_versioned_and_verified(pushed):
+    sender, replicas, pids = pushed
+    assert os.getpid() not in pids and len(set(pids)) == REPLICAS
+    stats, versions = push(sender, replicas, version=3)
+    weights = build_tiny_qwen2(seed=7).state_dict()
+    assert versions == [3, 3] and stats["buckets"] > 1 and stats["tensors"] == len(weights)
+    assert stats["bytes"] == sum(t.numel() * 2 for t in weights.values())  # after the bf16 cast
+    for replica in replicas:  # every replica holds the trainer's tensors cast to bf16, bit for bit
+        remote = ray.get(replica.digests.remote())
+        assert all(remote[name] == tensor_digest(t.to(torch.bfloat16)) for name, t in weights.items())
+
+
+def test_a_replica_that_differs_is_named(pushed):
+    sender, replicas, _ = pushed
+    ray.get(replicas[1].corrupt_loads.remote())
+    with pytest.raises(WeightSyncError, match=rf"rollout replica 2 .*1 tensor\(s\) differ \['{CORRUPTED}'\]"):
+        push(sender, replicas, version=4)
+    assert ray.get([r.weight_version.remote() for r in replicas]) == [4, 4]  # the push itself completed
+
+
+def test_misuse_is_refused_by_name(pushed):
+    sender, _, _ = pushed
+    engine = get_checkpoint_engine({"backend": "gloo"}, dtype="bfloat16")
+    with pytest.raises(TypeError, match="backend=gloo broadcasts weights to rollout replicas in other processes"):
+        engine.send_weights(build_tiny_qwen2().state_dict().items(), object())
+    with pytest.raises(ValueError, match="a BroadcastReceiver is rank 1 or more"):
+        BroadcastReceiver(sender.group, rollout=None)
+    with pytest.raises(ValueError, match="the collective push is 'gloo' or 'nccl'"):
+        weight_group("127.0.0.1", 1, 0, 1, backend="mpi", timeout_s=1)
