@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import pytest
 import ray
@@ -30,7 +31,7 @@ class Replica:
     def __init__(self, model_dir: str) -> None:
         from verl.workers.rollout import get_rollout_class
 
-        config = {"name": "hf", "dtype": "bfloat16", "response_length": 8}
+        config = {"name": "hf", "dtype": "bfloat16", "prompt_length": 8, "response_length": 4096, "ignore_eos": True}
         self.rollout = get_rollout_class("hf")(config=config, model_path=model_dir)
         self.receiver: BroadcastReceiver | None = None
 
@@ -53,6 +54,17 @@ class Replica:
             load(named_tensors)
 
         self.rollout.update_weights = corrupted
+
+    def start_long_request(self) -> None:
+        """A request of 4096 tokens, generating until aborted."""
+        self.rollout.submit("long", [1, 2, 3], {"max_tokens": 4096, "temperature": 0.0})
+
+    def generated(self) -> int:
+        return self.rollout.progress("long") or 0
+
+    def abort_long_request(self) -> list[int]:
+        """Stop it; the weight version of each of its tokens."""
+        return list(self.rollout.abort(["long"])["long"].weight_versions)
 
     def weight_version(self) -> int:
         return self.rollout.weight_version
@@ -100,12 +112,28 @@ def test_a_push_reaches_every_replica_bucketed_versioned_and_verified(pushed):
         assert all(remote[name] == tensor_digest(t.to(torch.bfloat16)) for name, t in weights.items())
 
 
+def test_a_push_lands_between_the_decode_steps_of_a_generating_replica(pushed):
+    # the trainer does not wait for the replicas' requests: the push takes the engine between two decode steps, the
+    # request goes on with the new weights, and each token keeps the version that sampled it
+    sender, replicas, _ = pushed
+    ray.get(replicas[0].start_long_request.remote())
+    deadline = time.monotonic() + 60
+    while ray.get(replicas[0].generated.remote()) < 8 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    before = ray.get(replicas[0].weight_version.remote())
+    _, versions = push(sender, replicas, version=before + 1, verify=False)
+    assert versions == [before + 1] * REPLICAS
+    tokens = ray.get(replicas[0].abort_long_request.remote())
+    assert tokens[0] == before and tokens[-1] == before + 1 and tokens == sorted(tokens), tokens[:4]
+
+
 def test_a_replica_that_differs_is_named(pushed):
     sender, replicas, _ = pushed
     ray.get(replicas[1].corrupt_loads.remote())
+    version = ray.get(replicas[0].weight_version.remote()) + 1
     with pytest.raises(WeightSyncError, match=rf"rollout replica 2 .*1 tensor\(s\) differ \['{CORRUPTED}'\]"):
-        push(sender, replicas, version=4)
-    assert ray.get([r.weight_version.remote() for r in replicas]) == [4, 4]  # the push itself completed
+        push(sender, replicas, version=version)
+    assert ray.get([r.weight_version.remote() for r in replicas]) == [version] * 2  # the push itself completed
 
 
 def test_misuse_is_refused_by_name(pushed):
