@@ -80,9 +80,9 @@ def test_digest_sees_dtype_shape_and_bytes():
 
 
 def test_registry_and_config_errors():
-    unknown = r"unknown rollout.checkpoint_engine.backend 'nccl'; registered: \['naive', 'shm'\]"
+    unknown = r"unknown rollout.checkpoint_engine.backend 'nixl'; registered: \['gloo', 'naive', 'nccl', 'shm'\]"
     with pytest.raises(ValueError, match=unknown):
-        get_checkpoint_engine({"backend": "nccl"})
+        get_checkpoint_engine({"backend": "nixl"})
     with pytest.raises(ValueError, match="must be positive"):
         get_checkpoint_engine({"update_weights_bucket_megabytes": 0})
     with pytest.raises(ValueError, match="unknown rollout dtype"):
