@@ -31,7 +31,7 @@ from verl.checkpoint_engine.base import (
     register_checkpoint_engine,
     tensor_digest,
 )
-from verl.checkpoint_engine.shm import ALIGN, TensorSlot
+from verl.checkpoint_engine.shm import TensorSlot, aligned, copy_in, layout, views
 
 __all__ = ["BroadcastReceiver", "BroadcastSender", "CollectiveCheckpointEngine", "weight_group"]
 
@@ -96,19 +96,10 @@ def _gather_messages(group: Any, message: Any, device: str) -> list[Any]:
 def _pack(named_tensors: Iterable[tuple[str, torch.Tensor]], device: str) -> tuple[list[TensorSlot], torch.Tensor]:
     """One flat ``uint8`` buffer holding the tensors at aligned offsets, and their slots."""
     tensors = [(name, t.detach().contiguous()) for name, t in named_tensors]
-    slots, offset = [], 0
-    for name, tensor in tensors:
-        nbytes = tensor.numel() * tensor.element_size()
-        slots.append(TensorSlot(name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset, nbytes))
-        offset += -(-nbytes // ALIGN) * ALIGN
-    flat = torch.empty(offset, dtype=torch.uint8, device=device)
-    for slot, (_, tensor) in zip(slots, tensors):
-        flat[slot.offset : slot.offset + slot.nbytes].copy_(tensor.reshape(-1).view(torch.uint8))
+    slots, nbytes = layout(tensors)
+    flat = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    copy_in(flat, slots, (t for _, t in tensors))
     return slots, flat
-
-
-def _views(flat: torch.Tensor, slots: Iterable[TensorSlot]) -> list[tuple[str, torch.Tensor]]:
-    return [(s.name, flat[s.offset : s.offset + s.nbytes].view(getattr(torch, s.dtype)).view(s.shape)) for s in slots]
 
 
 class BroadcastSender:
@@ -182,7 +173,7 @@ class BroadcastReceiver:
                     slots, nbytes = payload
                     flat = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
                     _broadcast(self.group, flat)
-                    self.rollout.update_weights(_views(flat, slots))
+                    self.rollout.update_weights(views(flat, slots))
                 elif kind == "digests":
                     digests = {name: tensor_digest(t) for name, t in self.rollout.named_weights()}
                     _gather_messages(self.group, digests, self.device)
@@ -216,7 +207,7 @@ class CollectiveCheckpointEngine(ColocatedCheckpointEngine):
 
     @staticmethod
     def footprint(nbytes: int) -> int:
-        return -(-nbytes // ALIGN) * ALIGN
+        return aligned(nbytes)
 
     @staticmethod
     def verify(rollout: Any, expected: dict[str, str]) -> None:

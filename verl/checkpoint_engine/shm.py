@@ -44,13 +44,40 @@ ALIGN = 64  # every tensor starts at a multiple of 64 bytes (the CPU kernels' al
 SHM_DIR = "/dev/shm"
 
 
+def aligned(nbytes: int) -> int:
+    """``nbytes`` rounded up to the alignment every tensor of a flat weight buffer starts at."""
+    return -(-int(nbytes) // ALIGN) * ALIGN
+
+
+def layout(tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[list[TensorSlot], int]:
+    """Where each (contiguous) tensor goes in a flat ``uint8`` buffer, one after the other at aligned offsets, and the
+    bytes they span."""
+    slots, offset = [], 0
+    for name, tensor in tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        slots.append(TensorSlot(name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset, nbytes))
+        offset += aligned(nbytes)
+    return slots, offset
+
+
+def copy_in(data: torch.Tensor, slots: Iterable[TensorSlot], tensors: Iterable[torch.Tensor]) -> None:
+    """Copy ``tensors`` into the flat buffer ``data`` at their ``slots``."""
+    for slot, tensor in zip(slots, tensors):
+        data[slot.offset : slot.offset + slot.nbytes].copy_(tensor.reshape(-1).view(torch.uint8))
+
+
+def views(data: torch.Tensor, slots: Iterable[TensorSlot]) -> list[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` views of the flat buffer ``data`` for ``slots``."""
+    return [(s.name, data[s.offset : s.offset + s.nbytes].view(getattr(torch, s.dtype)).view(s.shape)) for s in slots]
+
+
 def buffer_bytes(sizes: Iterable[int], bucket_bytes: int) -> int:
     """The size of a shared buffer for tensors of ``sizes`` bytes pushed in buckets of ``bucket_bytes``: one bucket,
     or the whole model at its aligned size when that is smaller, and never less than the largest tensor."""
-    aligned = [-(-int(n) // ALIGN) * ALIGN for n in sizes]
-    if not aligned:
+    aligned_sizes = [aligned(n) for n in sizes]
+    if not aligned_sizes:
         raise ValueError("a shared weight buffer for a model without tensors")
-    return max(max(aligned), min(int(bucket_bytes), sum(aligned)))
+    return max(max(aligned_sizes), min(int(bucket_bytes), sum(aligned_sizes)))
 
 
 def shm_path(tag: str = "weights") -> str:
@@ -94,29 +121,20 @@ class SharedWeightBuffer:
 
     def write(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> list[TensorSlot]:
         """Copy the tensors in, one after the other at aligned offsets; returns their slots."""
-        slots, offset = [], 0
-        for name, tensor in named_tensors:
-            tensor = tensor.detach().contiguous()
-            nbytes = tensor.numel() * tensor.element_size()
-            if offset + nbytes > self.nbytes:
+        tensors = [(name, tensor.detach().contiguous()) for name, tensor in named_tensors]
+        slots, _ = layout(tensors)
+        for slot in slots:
+            if slot.offset + slot.nbytes > self.nbytes:
                 raise ValueError(
-                    f"weight {name!r} ({nbytes} bytes at offset {offset}) does not fit the shared buffer of "
-                    f"{self.nbytes} bytes: raise rollout.checkpoint_engine.update_weights_bucket_megabytes"
+                    f"weight {slot.name!r} ({slot.nbytes} bytes at offset {slot.offset}) does not fit the shared "
+                    f"buffer of {self.nbytes} bytes: raise rollout.checkpoint_engine.update_weights_bucket_megabytes"
                 )
-            self.data[offset : offset + nbytes].copy_(tensor.reshape(-1).view(torch.uint8))
-            slots.append(
-                TensorSlot(name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset, nbytes)
-            )
-            offset += -(-nbytes // ALIGN) * ALIGN
+        copy_in(self.data, slots, (tensor for _, tensor in tensors))
         return slots
 
     def read(self, slots: Iterable[TensorSlot]) -> list[tuple[str, torch.Tensor]]:
         """Views of the buffer for ``slots`` (valid until the buffer is written again)."""
-        out = []
-        for slot in slots:
-            view = self.data[slot.offset : slot.offset + slot.nbytes].view(getattr(torch, slot.dtype))
-            out.append((slot.name, view.view(slot.shape)))
-        return out
+        return views(self.data, slots)
 
     def unlink(self) -> None:
         """Remove the file's name (the creating side, once every process has mapped it): the mappings stay valid
@@ -250,7 +268,7 @@ class SharedMemoryCheckpointEngine(ColocatedCheckpointEngine):
 
     @staticmethod
     def footprint(nbytes: int) -> int:
-        return -(-nbytes // ALIGN) * ALIGN
+        return aligned(nbytes)
 
     def bucket_limit(self, rollout: Any) -> int:
         return min(self.bucket_bytes, rollout.buffer.nbytes)
