@@ -57,7 +57,8 @@ DESCRIPTIONS: dict[str, str] = {
     "`{enable_thinking: false}`).",
     # actor_rollout_ref (the group itself)
     "actor_rollout_ref.hybrid_engine": "Actor, rollout and reference share each worker process and time-share its "
-    "memory (the hybrid engine, see hybrid_engine.md).",
+    "memory (the hybrid engine, see hybrid_engine.md). `false` (veRL's separate-pool scripts) is accepted with "
+    "`trainer.mode=separate_async` only, whose rollout servers are on a pool of their own either way.",
     "actor_rollout_ref.nccl_timeout": "Timeout in seconds of the workers' collective operations.",
     # reward_model
     "reward_model.enable": "Score responses with a reward model (`RewardModelWorker`): its score at the last "
@@ -65,6 +66,11 @@ DESCRIPTIONS: dict[str, str] = {
     "reward_model.enable_resource_pool": "Give the reward model its own resource pool.",
     "reward_model.n_gpus_per_node": "Devices per node of that pool.",
     "reward_model.nnodes": "Nodes of that pool.",
+    # the rollout pool (top level)
+    "rollout.nnodes": "`trainer.mode=separate_async`: nodes of the rollout servers' own pool (`rollout_pool`); no "
+    "effect in the other modes (a value other than 1 warns).",
+    "rollout.n_gpus_per_node": "`trainer.mode=separate_async`: rollout servers per node of that pool (one per GPU; "
+    "CPU processes without GPUs); no effect in the other modes (a value other than 1 warns).",
     "reward_model.strategy": "Training-engine strategy of the reward model (`fsdp`).",
     "reward_model.model.input_tokenizer": "Tokenizer of the policy, used to re-tokenize responses when the reward "
     "model's tokenizer differs.",
@@ -254,8 +260,8 @@ DIFFERENCES: dict[str, str] = {
     "`trainer.mode=sync` and `colocate_async` refuse any other value.",
     "async_training.require_batches": "veRL's default is 1 (the trainer batch in mini-batches); ours is null: the "
     "trainer takes `data.train_batch_size` prompts, and a value that disagrees with it is an error.",
-    "async_training.partial_rollout": "veRL's default is true; ours is false, and true is refused until "
-    "`trainer.mode=separate_async` exists.",
+    "async_training.partial_rollout": "veRL's default is true; ours is false, and true is refused: partial rollout "
+    "is not built yet.",
     "async_training.use_rollout_log_probs": "veRL's default is true; ours is false (the old log-probs are recomputed). "
     "True is `algorithm.rollout_correction.bypass_mode=true` in every mode.",
 }

@@ -122,7 +122,7 @@ HEADER = """\
 #   python -m verl.trainer.main_ppo                                   # the built-in CPU demo (GRPO, tiny model)
 #   python -m verl.trainer.main_ppo data.train_files=... actor_rollout_ref.model.path=... [key=value ...]
 #
-# Ours, beyond veRL: trainer.mode (sync; colocate_async / separate_async later), trainer.device (auto|cpu|cuda),
+# Ours, beyond veRL: trainer.mode (sync | colocate_async | separate_async), trainer.device (auto|cpu|cuda),
 # reward_model.timeout_s (per-sample reward timeout), actor_rollout_ref.rollout.seed (per-sample sampling seeds),
 # data.filter_malformed_rows (drop malformed rows instead of failing), async_training.max_lag (the staleness bound
 # in weight versions; veRL's other async_training keys are here with our defaults).
@@ -194,6 +194,7 @@ def expected() -> dict[str, Any]:
         "algorithm": dump(AlgoConfig()),
         "trainer": sections.trainer(),
         "async_training": dump(AsyncTrainingConfig()),
+        "rollout": sections.rollout_pool(),
         "global_profiler": sections.global_profiler(),
         "transfer_queue": sections.transfer_queue(),
         "ray_kwargs": sections.ray_kwargs(),

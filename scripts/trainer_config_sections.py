@@ -49,6 +49,12 @@ def data() -> dict[str, Any]:
     }
 
 
+def rollout_pool() -> dict[str, Any]:
+    """Top-level ``rollout``: the pool of the rollout servers in ``trainer.mode=separate_async`` (veRL's fully-async
+    and one-step-off-policy keys)."""
+    return {"nnodes": 1, "n_gpus_per_node": 1}
+
+
 def reward_model() -> dict[str, Any]:
     """``reward_model`` (its strategy and ``model.fsdp_config`` go to ``reward_model/dp_reward_model.yaml``)."""
     return {

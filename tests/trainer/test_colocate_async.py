@@ -12,66 +12,21 @@ from the next epoch. The contract:
 - a lag-1 run resumed from its step-1 checkpoint (which holds the batch generated ahead, not trained yet) logs
   steps 2 and 3 exactly as the uninterrupted run.
 
-Five runs: ``sync``, ``lag0`` and ``lag1`` together, then ``lag1_again`` and ``resumed`` (it needs ``lag1``'s
-checkpoint) together.
+The runs (``sync``, ``colocate_lag0``, ``colocate_lag1``, ``colocate_lag1_again``, ``colocate_resumed``) are shared
+with the separate_async tests: ``tests/trainer/async_runs.py``.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from tests.trainer.test_checkpoint_resume import assert_same_steps, steps
-from tests.trainer.test_main_ppo import POOL_TIMEOUT_S, Prepared, main_run, run_concurrently, run_main
-
-COMMON = [
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
-    "algorithm.adv_estimator=gae",
-    "critic.ppo_micro_batch_size_per_gpu=32",
-    "critic.model.fsdp_config.dtype=float32",
-    "critic.optim.lr=1e-4",
-    "actor_rollout_ref.actor.use_kl_loss=true",
-    "data.train_max_samples=32",
-    "trainer.total_epochs=3",
-    "trainer.total_training_steps=3",
-]
-COLOCATE = [*COMMON, "trainer.mode=colocate_async", "trainer.save_freq=1", "trainer.n_gpus_per_node=2"]
-
-
-@main_run("colocate_sync")
-def prepare_sync(work: Path) -> Prepared:
-    return [*COMMON, "trainer.mode=sync"], {}  # one training worker: the lag-0 comparison is about the schedule
-
-
-@main_run("colocate_lag0")
-def prepare_lag0(work: Path) -> Prepared:
-    return [*COMMON, "trainer.mode=colocate_async", "async_training.max_lag=0"], {}
-
-
-@main_run("colocate_lag1")
-def prepare_lag1(work: Path) -> Prepared:
-    return COLOCATE, {"VERL_VERIFY_WEIGHT_SYNC": "1"}  # every push checked bit for bit in the servers
-
-
-@main_run("colocate_lag1_again")
-def prepare_lag1_again(work: Path) -> Prepared:
-    return COLOCATE, {}
+from tests.trainer.test_main_ppo import POOL_TIMEOUT_S, run_main
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    done = run_concurrently(["colocate_sync", "colocate_lag0", "colocate_lag1"], tmp_path_factory)
-    checkpoint = done["colocate_lag1"].work / "ckpt" / "global_step_1"
-
-    @main_run("colocate_resumed")
-    def prepare_resumed(work: Path) -> Prepared:
-        return [*COLOCATE, "trainer.resume_mode=resume_path", f"trainer.resume_from_path={checkpoint}"], {}
-
-    done.update(run_concurrently(["colocate_lag1_again", "colocate_resumed"], tmp_path_factory))
-    for name, run in done.items():
-        assert run.returncode == 0, f"{name}:\n{run.output[-3000:]}"
-    return {name: run.records for name, run in done.items()}
+def runs(async_runs):
+    return {name: run.records for name, run in async_runs.items()}
 
 
 def logged(records: list[dict]) -> list[dict]:
@@ -87,7 +42,7 @@ def without_async_only(by_step: dict[int, dict]) -> dict[int, dict]:
 @pytest.mark.timeout(POOL_TIMEOUT_S)
 def test_lag0_equals_sync(runs):
     assert len(logged(runs["colocate_lag0"])) == 3
-    assert_same_steps(without_async_only(steps(runs["colocate_lag0"])), steps(runs["colocate_sync"]))
+    assert_same_steps(without_async_only(steps(runs["colocate_lag0"])), steps(runs["sync"]))
     for data in logged(runs["colocate_lag0"]):
         assert data["async/staleness/max"] == 0 and "rollout_corr/rollout_is_mean" not in data  # no correction at 0
 

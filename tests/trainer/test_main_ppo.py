@@ -404,9 +404,9 @@ def test_rollout_correction_bypass_mode_and_the_optimal_token_baseline(main_runs
 
 
 def test_bad_config_fails_before_ray_naming_every_problem(tmp_path):
-    code, output, _ = run_main(tmp_path, "trainer.mode=separate_async", "actor_rollout_ref.actor.clip_ratio=-1")
+    code, output, _ = run_main(tmp_path, "trainer.mode=fast", "actor_rollout_ref.actor.clip_ratio=-1")
     assert code != 0
-    assert "2 problem(s) in the config" in output and "trainer.mode='separate_async' is not available yet" in output
+    assert "2 problem(s) in the config" in output and "trainer.mode='fast'; use one of" in output
     assert "Started a local Ray instance" not in output
 
 

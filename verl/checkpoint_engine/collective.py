@@ -33,7 +33,14 @@ from verl.checkpoint_engine.base import (
 )
 from verl.checkpoint_engine.shm import TensorSlot, aligned, copy_in, layout, views
 
-__all__ = ["BroadcastReceiver", "BroadcastSender", "CollectiveCheckpointEngine", "weight_group"]
+__all__ = [
+    "BroadcastReceiver",
+    "BroadcastSender",
+    "CollectiveCheckpointEngine",
+    "NotSending",
+    "StagedWeights",
+    "weight_group",
+]
 
 SENDER = 0
 
@@ -143,6 +150,79 @@ class BroadcastSender:
         _broadcast_message(self.group, ("close", None), self.device)
 
 
+class NotSending:
+    """The push's end on a trainer rank other than the sender's: a sharded trainer's every rank gathers the full
+    tensors together, and only rank 0 broadcasts them; here they are dropped."""
+
+    replicas = 0
+
+    @contextlib.contextmanager
+    def weight_update(self, version: int | None = None) -> Iterator[None]:
+        yield
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        for _ in named_tensors:
+            pass
+
+    def replica_digests(self) -> list[dict[str, str]]:
+        return []
+
+
+class StagedWeights:
+    """A replica's received weight versions, held beside its engine until :meth:`apply` loads one: a push then never
+    waits for the engine's requests in flight, and the replica chooses when each version starts generating. A
+    :class:`BroadcastReceiver` writes into it as into an engine (``weight_update`` / ``update_weights`` /
+    ``named_weights``: the digests of a verified push are those of the newest staged version)."""
+
+    def __init__(self) -> None:
+        self.versions: dict[int, list[tuple[str, torch.Tensor]]] = {}
+        self._receiving: int | None = None
+
+    @contextlib.contextmanager
+    def weight_update(self, version: int | None = None) -> Iterator[None]:
+        if version is None:
+            raise ValueError("a staged weight push needs its version")
+        self._receiving = int(version)
+        self.versions[self._receiving] = []
+        try:
+            yield
+        except BaseException:
+            self.versions.pop(self._receiving, None)  # a push that failed part-way is not a version
+            raise
+        finally:
+            self._receiving = None
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        if self._receiving is None:
+            raise RuntimeError("StagedWeights.update_weights outside weight_update(version)")
+        self.versions[self._receiving].extend(named_tensors)
+
+    @property
+    def weight_version(self) -> int | None:
+        """The newest staged version (None: nothing staged)."""
+        return max(self.versions, default=None)
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        newest = self.weight_version
+        return iter(self.versions.get(newest, []) if newest is not None else [])
+
+    def apply(self, rollout: Any, version: int, verify: bool = False, drop_older: bool = True) -> None:
+        """Load staged ``version`` into ``rollout`` as that version (and drop the versions before it unless
+        ``drop_older`` is false); with ``verify`` the engine's weights must then equal the staged tensors bit for
+        bit."""
+        if version not in self.versions:
+            raise WeightSyncError(
+                f"weight version {version} is not staged in this replica (staged: {sorted(self.versions)})"
+            )
+        tensors = self.versions[version]
+        with rollout.weight_update(version):
+            rollout.update_weights(tensors)
+        if verify:
+            ColocatedCheckpointEngine.verify(rollout, {name: tensor_digest(t) for name, t in tensors})
+        for old in [v for v in self.versions if v < version and drop_older]:
+            del self.versions[old]
+
+
 class BroadcastReceiver:
     """A replica's end (rank ≥ 1 of a :func:`weight_group`): loads what the sender broadcasts into ``rollout``.
 
@@ -198,7 +278,7 @@ class CollectiveCheckpointEngine(ColocatedCheckpointEngine):
     def send_weights(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], rollout: Any, verify: bool = False
     ) -> dict[str, float]:
-        if not isinstance(rollout, BroadcastSender):
+        if not isinstance(rollout, BroadcastSender | NotSending):
             raise TypeError(
                 "rollout.checkpoint_engine.backend=gloo broadcasts weights to rollout replicas in other processes; "
                 f"it got {type(rollout).__name__} (an engine in this process: use backend=naive)"

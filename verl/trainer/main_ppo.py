@@ -18,7 +18,7 @@ import hydra
 import ray
 from omegaconf import DictConfig, OmegaConf
 
-from verl.trainer.config.validate import validate_config, world_size
+from verl.trainer.config.validate import rollout_pool_size, validate_config, world_size
 from verl.utils.ray_utils import required_logical_cpus
 
 if TYPE_CHECKING:  # imported on first use (module __getattr__): the driver does not import torch
@@ -37,7 +37,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-GLOBAL_POOL, REWARD_POOL = "global_pool", "reward_pool"
+GLOBAL_POOL, REWARD_POOL, ROLLOUT_POOL = "global_pool", "reward_pool", "rollout_pool"
 
 _DATASET_EXPORTS = ("create_rl_dataset", "create_rl_sampler")
 
@@ -175,10 +175,15 @@ class TaskRunner:
 
     def init_resource_pool_mgr(self, config: DictConfig) -> Any:
         """``global_pool`` of ``trainer.n_gpus_per_node × trainer.nnodes`` workers (and ``reward_pool`` of
-        ``reward_model.n_gpus_per_node × nnodes`` with ``reward_model.enable_resource_pool``)."""
-        from verl.trainer.ppo.utils import ResourcePoolManager
+        ``reward_model.n_gpus_per_node × nnodes`` with ``reward_model.enable_resource_pool``; ``rollout_pool`` of
+        the top-level ``rollout.n_gpus_per_node × rollout.nnodes`` rollout servers in ``trainer.mode=
+        separate_async``)."""
+        from verl.trainer.ppo.utils import ResourcePoolManager, Role
 
         spec = {GLOBAL_POOL: [config.trainer.n_gpus_per_node] * config.trainer.nnodes}
+        if rollout_pool_size(config):
+            spec[ROLLOUT_POOL] = [config.rollout.n_gpus_per_node] * config.rollout.nnodes
+            self.mapping[Role.Rollout] = ROLLOUT_POOL
         if config.reward_model.get("enable_resource_pool", False):
             rm = config.reward_model
             if rm.n_gpus_per_node <= 0 or rm.nnodes <= 0:
@@ -266,7 +271,7 @@ def run_ppo(config: DictConfig, task_runner_class: Any = None, schema: DictConfi
     if not ray.is_initialized():
         ray_init = OmegaConf.to_container(config.ray_kwargs.ray_init, resolve=True) or {}
         ray_init = {k: v for k, v in ray_init.items() if v is not None}
-        ray_init.setdefault("num_cpus", required_logical_cpus(world_size(config)))
+        ray_init.setdefault("num_cpus", required_logical_cpus(world_size(config) + rollout_pool_size(config)))
         env = {
             "TOKENIZERS_PARALLELISM": "false",
             "RAY_AUTH_MODE": "disabled",

@@ -7,6 +7,13 @@ and KV cache while the trainer updates. The training worker of rank r pushes to 
 (:meth:`RemoteRolloutWeights.connect_rollout_server`), then every ``update_weights(version)`` writes the buckets
 into the shared buffer and the server loads them (:meth:`RemoteRolloutWeights.weight_receiver`), verified by digest
 when asked. The messages are direct Ray calls from worker to worker; nothing goes through the driver.
+
+In ``trainer.mode=separate_async`` the servers are on a pool of their own, possibly other nodes: the training
+workers and the servers join one process group for the push (:meth:`RemoteRolloutWeights.connect_weight_group` /
+:meth:`RemoteRolloutWeights.join_weight_group`, backend ``gloo`` or ``nccl``), training rank 0 broadcasts every
+push to all servers, which *stage* it beside their engines (:meth:`RemoteRolloutWeights.receive_weights`) while
+they go on generating; the driver then says which staged version each engine loads, and when
+(:meth:`RemoteRolloutWeights.apply_weights`).
 """
 
 from __future__ import annotations
@@ -18,6 +25,13 @@ import ray
 
 from verl.checkpoint_engine import get_checkpoint_engine
 from verl.checkpoint_engine.base import _to_dtype
+from verl.checkpoint_engine.collective import (
+    BroadcastReceiver,
+    BroadcastSender,
+    NotSending,
+    StagedWeights,
+    weight_group,
+)
 from verl.checkpoint_engine.shm import ShmRolloutClient, ShmWeightReceiver, buffer_bytes
 from verl.single_controller.base.decorator import Dispatch, register
 
@@ -32,19 +46,28 @@ class RemoteRolloutWeights:
     """Mixin of :class:`~verl.workers.fsdp_workers.ActorRolloutRefWorker`: the training side connects to a rollout
     server, the server side receives (see the module docstring)."""
 
-    _remote_rollout: ShmRolloutClient | None = None
+    _remote_rollout: ShmRolloutClient | BroadcastSender | NotSending | None = None
     _weight_receiver: ShmWeightReceiver | None = None
+    _broadcast_receiver: BroadcastReceiver | None = None
+    _staged: StagedWeights | None = None
+
+    def _check_pusher(self, call: str) -> None:
+        if not self._is_actor or self._is_rollout:
+            raise RuntimeError(
+                f"{call} on a worker of role {self.role!r}: only a training worker without a rollout engine of its "
+                "own (role actor or actor_ref) pushes to rollout servers"
+            )
+
+    def _check_server(self, call: str) -> None:
+        if not self._is_rollout or self._is_actor:
+            raise RuntimeError(f"{call} on a worker of role {self.role!r}: only a rollout server receives weights")
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def connect_rollout_server(self, servers: list[Any], method_prefix: str = "") -> int:
         """Training side: push this rank's weights, from now on, to the rollout server ``servers[rank]`` (Ray actor
         handles of a worker group of role ``rollout``, one per training rank, on the same node) through a shared
         buffer of this process's making; returns the buffer's size in bytes."""
-        if not self._is_actor or self._is_rollout:
-            raise RuntimeError(
-                f"connect_rollout_server on a worker of role {self.role!r}: only a training worker without a rollout "
-                "engine of its own (role actor or actor_ref) pushes to a rollout server"
-            )
+        self._check_pusher("connect_rollout_server")
         if len(servers) != self.world_size:
             raise ValueError(f"connect_rollout_server: {len(servers)} rollout servers for {self.world_size} ranks")
         receive = getattr(servers[self.rank], f"{method_prefix}weight_receiver")
@@ -72,8 +95,7 @@ class RemoteRolloutWeights:
         """Server side, called by the training worker that pushes to this one: ``open(path, nbytes)`` maps its
         shared buffer; ``begin(version)`` / ``load(slots)`` / ``end()`` / ``weight_digests()`` are those of
         :class:`~verl.checkpoint_engine.shm.ShmWeightReceiver`."""
-        if not self._is_rollout or self._is_actor:
-            raise RuntimeError(f"weight_receiver on a worker of role {self.role!r}: only a rollout server receives")
+        self._check_server("weight_receiver")
         if op == "open":
             if self._weight_receiver is not None:
                 self._weight_receiver.close()
@@ -84,6 +106,63 @@ class RemoteRolloutWeights:
         if self._weight_receiver is None:
             raise RuntimeError(f"weight_receiver({op!r}) before open: no training worker is connected")
         return getattr(self._weight_receiver, op)(*args)
+
+    # ------------------------------------------------------------------ the push across pools
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def weight_group_address(self) -> tuple[str, int]:
+        """This worker's node address and a free port there (rank 0's hosts the weight group)."""
+        from verl.utils.net_utils import node_ip_and_free_port
+
+        return node_ip_and_free_port()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def connect_weight_group(self, host: str, port: int, world_size: int, timeout_s: float = 600.0) -> None:
+        """Training side: join the push's process group of ``world_size`` (rank 0 of this worker group and every
+        rollout server) hosted at ``host:port``; from now on rank 0 broadcasts each ``update_weights`` to the
+        servers, the other ranks gather with it and send nothing. The servers join at the same time
+        (:meth:`join_weight_group`)."""
+        self._check_pusher("connect_weight_group")
+        cfg = self.rollout_config
+        self.checkpoint_engine = get_checkpoint_engine(cfg.checkpoint_engine, dtype=cfg.dtype)
+        if self.rank == 0:
+            backend = cfg.checkpoint_engine.backend
+            group = weight_group(host, port, 0, world_size, backend, timeout_s)
+            self._remote_rollout = BroadcastSender(group, device="cpu" if backend == "gloo" else "cuda")
+        else:
+            self._remote_rollout = NotSending()
+        logger.info("rank %d joined the weight push to %d rollout server(s)", self.rank, world_size - 1)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def join_weight_group(
+        self, host: str, port: int, world_size: int, backend: str = "gloo", timeout_s: float = 600.0
+    ) -> None:
+        """Server side: join the push's process group as rank ``1 + this server's rank``; pushes are staged beside
+        the engine (:meth:`receive_weights`) until :meth:`apply_weights` loads one."""
+        self._check_server("join_weight_group")
+        self._staged = StagedWeights()
+        group = weight_group(host, port, 1 + self.rank, world_size, backend, timeout_s)
+        self._broadcast_receiver = BroadcastReceiver(group, self._staged, device="cpu" if backend == "gloo" else "cuda")
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def receive_weights(self) -> int | None:
+        """Server side: take part in one push (called before the trainer's ``update_weights``, returns when it
+        ends): its tensors are staged, the engine goes on generating. Returns the staged version (None: the
+        trainer closed the group)."""
+        self._check_server("receive_weights")
+        if self._broadcast_receiver is None:
+            raise RuntimeError(f"receive_weights on rollout server {self.rank}: it joined no weight group")
+        return self._broadcast_receiver.receive()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def apply_weights(self, version: int, drop_older: bool = True) -> int:
+        """Server side: load staged weight ``version`` into the engine (between two of its decode steps; the older
+        staged versions are dropped unless ``drop_older`` is false), verified bit for bit when asked; returns the
+        engine's version."""
+        self._check_server("apply_weights")
+        if self._staged is None:
+            raise RuntimeError(f"apply_weights on rollout server {self.rank}: it joined no weight group")
+        self._staged.apply(self.rollout, int(version), verify=self.verify_weight_sync, drop_older=drop_older)
+        return int(self.rollout.weight_version)
 
     def _weight_target(self) -> Any:
         """Where ``update_weights`` loads the actor's weights: the engine of this worker (hybrid) or the connected

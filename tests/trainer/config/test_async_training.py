@@ -52,7 +52,7 @@ def test_the_bound_may_be_zero_and_a_threshold_within_it_is_accepted():
     ("overrides", "message"),
     [
         (["async_training.trigger_parameter_sync_step=4"], "trainer.mode=sync pushes the weights after every update"),
-        (["async_training.partial_rollout=true"], "partial_rollout=true needs trainer.mode=separate_async"),
+        (["async_training.partial_rollout=true"], "partial_rollout=true .* is not available yet"),
         (["async_training.require_batches=3"], "require_batches=3 × actor_rollout_ref.actor.ppo_mini_batch_size=4"),
         (["async_training.max_lag=-2"], "async_training.max_lag=-2 must be an integer >= 0"),
         (["async_training.bogus=1"], "unknown key 'async_training.bogus'"),
@@ -80,12 +80,6 @@ def test_sync_says_that_the_bound_has_no_effect(caplog):
     assert "async_training" not in caplog.text
 
 
-def test_separate_async_stays_refused_until_it_lands():
-    with pytest.raises(ConfigError, match="trainer.mode='separate_async' is not available yet"):
-        validate_config(merged([*VALID, "trainer.mode=separate_async"]))
-    validate_config(merged([*VALID, "trainer.mode=colocate_async"]))
-
-
 COLOCATE = [*VALID, "trainer.mode=colocate_async"]
 
 
@@ -93,7 +87,7 @@ COLOCATE = [*VALID, "trainer.mode=colocate_async"]
     ("overrides", "message"),
     [
         (["async_training.trigger_parameter_sync_step=2"], "trainer.mode=colocate_async pushes the weights after"),
-        (["async_training.partial_rollout=true"], "partial_rollout=true needs trainer.mode=separate_async"),
+        (["async_training.partial_rollout=true"], "partial_rollout=true .* is not available yet"),
         (["actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"], "backend='nccl': trainer.mode=colocate_async"),
         (["reward_model.enable=true"], "reward_model.enable=true with trainer.mode=colocate_async"),
     ],
@@ -128,6 +122,42 @@ def test_colocate_async_corrects_off_policy_samples_unless_told_otherwise(overri
     sync = with_derived_settings(merged(VALID), total_steps=3)
     assert sync.algorithm.rollout_correction.rollout_is is None
     assert sync.actor_rollout_ref.rollout.checkpoint_engine.backend == "naive"
+
+
+SEPARATE = [*VALID, "trainer.mode=separate_async"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["async_training.trigger_parameter_sync_step=2"], "trainer.mode=separate_async pushes the weights after"),
+        (["async_training.partial_rollout=true"], "partial_rollout=true .* is not available yet"),
+        (["actor_rollout_ref.rollout.checkpoint_engine.backend=shm"], "backend='shm': trainer.mode=separate_async"),
+        (["reward_model.enable=true"], "reward_model.enable=true with trainer.mode=separate_async"),
+        (["algorithm.filter_groups.enable=true"], "filter_groups.enable=true with trainer.mode=separate_async"),
+        (["rollout.n_gpus_per_node=0"], "rollout.n_gpus_per_node=0: the rollout servers' pool needs an integer"),
+        (["rollout.nnodes=two"], "rollout.nnodes"),
+    ],
+)
+def test_separate_async_refuses_by_name(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        validate_config(merged([*SEPARATE, *overrides]))
+
+
+def test_separate_async_accepts_verls_separate_pool_keys_and_pushes_over_gloo(caplog):
+    verl_style = [*SEPARATE, "actor_rollout_ref.hybrid_engine=false", "rollout.nnodes=1", "rollout.n_gpus_per_node=2"]
+    validate_config(merged(verl_style))
+    derived = with_derived_settings(merged(verl_style), total_steps=3)
+    assert derived.actor_rollout_ref.rollout.checkpoint_engine.backend == "gloo"  # naive: the collective push
+    assert derived.algorithm.rollout_correction.rollout_is == "token"
+    nccl = [*SEPARATE, "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"]
+    assert with_derived_settings(merged(nccl), 3).actor_rollout_ref.rollout.checkpoint_engine.backend == "nccl"
+    # in the other modes the rollout pool means nothing (said at start-up) and the hybrid engine is the only one
+    with caplog.at_level(logging.WARNING, logger="verl.trainer.config.validate"):
+        validate_config(merged([*COLOCATE, "rollout.n_gpus_per_node=2"]))
+    assert "rollout.n_gpus_per_node=2: no effect with trainer.mode=colocate_async" in caplog.text
+    with pytest.raises(ConfigError, match="hybrid_engine=false with trainer.mode=colocate_async"):
+        validate_config(merged([*COLOCATE, "actor_rollout_ref.hybrid_engine=false"]))
 
 
 def test_derived_settings_are_written_into_a_copy_once():

@@ -79,7 +79,7 @@ def test_a_valid_config_passes():
             "log_prob_micro_batch_size_per_gpu is required",
         ),
         ("critic.ppo_micro_batch_size_per_gpu=null", "critic.ppo_micro_batch_size_per_gpu is required"),
-        ("trainer.mode=separate_async", "trainer.mode='separate_async' is not available yet"),
+        ("actor_rollout_ref.hybrid_engine=false", "hybrid_engine=false with trainer.mode=sync: rollout engines apart"),
         ("trainer.mode=fast", "trainer.mode='fast'; use one of"),
         ("trainer.device=tpu", "trainer.device='tpu'; use auto, cpu or cuda"),
         ("actor_rollout_ref.actor.loss_agg_mode=mean", "loss_agg_mode='mean'"),

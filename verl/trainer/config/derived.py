@@ -19,6 +19,8 @@ from verl.trainer.config.async_training import AsyncTrainingConfig
 __all__ = [
     "ASYNC_MODES",
     "RESIDENT_BACKENDS",
+    "ROLLOUT_POOL_DEFAULTS",
+    "SEPARATE_BACKENDS",
     "async_training_config",
     "default_rollout_is",
     "total_training_steps",
@@ -52,6 +54,11 @@ def total_training_steps(config: Any, batches_per_epoch: int) -> int:
 ASYNC_MODES = ("colocate_async", "separate_async")
 # the weight push of a mode whose rollout engines live in processes of their own, per configured backend
 RESIDENT_BACKENDS = {"naive": "shm", "shm": "shm"}
+# ... and of a mode whose rollout engines are on a pool of their own (a collective push; naive: gloo, CPU and GPU)
+SEPARATE_BACKENDS = {"naive": "gloo", "gloo": "gloo", "nccl": "nccl"}
+# the top-level ``rollout`` section: the rollout pool of separate_async
+ROLLOUT_POOL_DEFAULTS = {"nnodes": 1, "n_gpus_per_node": 1}
+BACKENDS = {"colocate_async": RESIDENT_BACKENDS, "separate_async": SEPARATE_BACKENDS}
 
 
 def default_rollout_is(config: Any) -> str | None:
@@ -73,7 +80,8 @@ def with_derived_settings(config: DictConfig, total_steps: int) -> DictConfig:
     actor and the critic; with the bypass mode the actor's ``policy_loss`` (``loss_mode=bypass_mode`` and the
     rollout-correction settings its loss reads, as veRL's trainer writes them); in an async mode at lag > 0 without a
     correction of the user's, ``rollout_correction.rollout_is`` (:func:`default_rollout_is`); in ``colocate_async``
-    the ``shm`` weight push (the in-process ``naive`` backend cannot reach the servers' processes)."""
+    the ``shm`` weight push and in ``separate_async`` the ``gloo`` one (the in-process ``naive`` backend cannot reach
+    the servers' processes)."""
     out = OmegaConf.create(OmegaConf.to_container(config, resolve=True))
     with open_dict(out):
         out.actor_rollout_ref.actor.optim.total_training_steps = total_steps
@@ -88,11 +96,12 @@ def with_derived_settings(config: DictConfig, total_steps: int) -> DictConfig:
                 rollout_is,
             )
             out.algorithm.rollout_correction.rollout_is = rollout_is
-        if out.trainer.get("mode", "sync") == "colocate_async":
+        mode = out.trainer.get("mode", "sync")
+        if mode in BACKENDS:
             engine = out.actor_rollout_ref.rollout.checkpoint_engine
-            backend = RESIDENT_BACKENDS.get(engine.backend, engine.backend)
+            backend = BACKENDS[mode].get(engine.backend, engine.backend)
             if backend != engine.backend:
-                logger.info("trainer.mode=colocate_async pushes weights across processes: backend %r", backend)
+                logger.info("trainer.mode=%s pushes weights across processes: backend %r", mode, backend)
             engine.backend = backend
         if uses_bypass_mode(out):
             policy_loss = out.actor_rollout_ref.actor.policy_loss

@@ -82,7 +82,6 @@ UNREAD: tuple[Unread, ...] = (
     Unread("data.trust_remote_code", "warn", "no data processor is loaded (text-only data)"),
     Unread("data.return_multi_modal_inputs", "warn", _MULTIMODAL),
     # actor_rollout_ref
-    Unread("actor_rollout_ref.hybrid_engine", "error", "only the hybrid engine is implemented"),
     Unread("actor_rollout_ref.nccl_timeout", "warn", "the collectives use torch's default timeout"),
     Unread("actor_rollout_ref.model.hf_config_path", "error", "the model's config is read from model.path"),
     Unread("actor_rollout_ref.model.use_shm", "warn", "the model is loaded in place (no shared-memory copy)"),

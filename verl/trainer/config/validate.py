@@ -27,7 +27,14 @@ from verl.base_config import omega_conf_to_dataclass
 from verl.trainer.config.algorithm import SUM_PI_SQUARED_ESTIMATORS, AlgoConfig
 from verl.trainer.config.async_training import AsyncTrainingConfig
 from verl.trainer.config.compose import CONFIG_DIR, compose_config, is_group_override
-from verl.trainer.config.derived import RESIDENT_BACKENDS, async_training_config, uses_bypass_mode
+from verl.trainer.config.derived import (
+    ASYNC_MODES,
+    RESIDENT_BACKENDS,
+    ROLLOUT_POOL_DEFAULTS,
+    SEPARATE_BACKENDS,
+    async_training_config,
+    uses_bypass_mode,
+)
 from verl.trainer.config.schema import running_schema
 from verl.trainer.config.unread import report_unread
 from verl.workers.config import ActorConfig, CriticConfig, HFModelConfig, RefConfig, RolloutConfig
@@ -40,7 +47,6 @@ logger = logging.getLogger(__name__)
 BASE_YAML = CONFIG_DIR / "ppo_trainer.yaml"
 TARGET = "_target_"
 TRAINER_MODES = ("sync", "colocate_async", "separate_async")
-IMPLEMENTED_MODES = ("sync", "colocate_async")
 
 
 class ConfigError(ValueError):
@@ -61,6 +67,15 @@ def base_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
 def world_size(config: Any) -> int:
     """Worker processes of the global pool: ``trainer.n_gpus_per_node × trainer.nnodes``."""
     return int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
+
+
+def rollout_pool_size(config: Any) -> int:
+    """Rollout servers on a pool of their own (``trainer.mode=separate_async``): ``rollout.n_gpus_per_node ×
+    rollout.nnodes``; 0 in the other modes."""
+    if config.trainer.get("mode", "sync") != "separate_async":
+        return 0
+    pool = config.get("rollout") or {}
+    return int(pool.get("n_gpus_per_node", 1)) * int(pool.get("nnodes", 1))
 
 
 def need_critic(config: Any) -> bool:
@@ -174,8 +189,6 @@ def _trainer(config: Any, problems: list[str]) -> None:
     mode = config.trainer.get("mode", "sync")
     if mode not in TRAINER_MODES:
         problems.append(f"trainer.mode={mode!r}; use one of {list(TRAINER_MODES)}")
-    elif mode not in IMPLEMENTED_MODES:
-        problems.append(f"trainer.mode={mode!r} is not available yet; use trainer.mode=sync")
     device = config.trainer.get("device", "auto")
     if device not in ("auto", "cpu", "cuda"):
         problems.append(f"trainer.device={device!r}; use auto, cpu or cuda")
@@ -199,21 +212,28 @@ def _async_training(config: Any, mode: str, problems: list[str]) -> None:
         return
     if settings.partial_rollout:
         problems.append(
-            "async_training.partial_rollout=true needs trainer.mode=separate_async, which is not available yet; "
-            "set it false"
+            "async_training.partial_rollout=true (abort and resume the requests in flight at a weight push) is not "
+            "available yet; set it false: separate_async stages each push and keeps generating with the weights "
+            "the bound gives each group"
         )
-    if mode in ("sync", "colocate_async") and settings.trigger_parameter_sync_step != 1:
+    if settings.trigger_parameter_sync_step != 1:
         problems.append(
             f"async_training.trigger_parameter_sync_step={settings.trigger_parameter_sync_step}: trainer.mode={mode} "
             "pushes the weights after every update (1)"
             + ("; generating with older weights is an async mode" if mode == "sync" else "; set it to 1")
         )
     reward_model = config.get("reward_model") or {}
-    if mode == "colocate_async" and reward_model.get("enable") and not reward_model.get("enable_resource_pool"):
+    if mode in ASYNC_MODES and reward_model.get("enable") and not reward_model.get("enable_resource_pool"):
         problems.append(
-            "reward_model.enable=true with trainer.mode=colocate_async: the reward model scores each batch on the "
+            f"reward_model.enable=true with trainer.mode={mode}: the reward model scores each batch on the "
             "generation thread while the training workers update, so it cannot share their processes; set "
             "reward_model.enable_resource_pool=true (with reward_model.n_gpus_per_node / nnodes)"
+        )
+    _separate_pool(config, mode, problems)
+    if mode == "separate_async" and (config.algorithm.get("filter_groups") or {}).get("enable", False):
+        problems.append(
+            "algorithm.filter_groups.enable=true with trainer.mode=separate_async: the trainer takes whole training "
+            "batches from the sample queue, with no rollout filter yet; use trainer.mode=sync or colocate_async"
         )
     if mode == "colocate_async" and settings.staleness_threshold is not None:
         logger.warning(
@@ -244,6 +264,30 @@ def _async_training(config: Any, mode: str, problems: list[str]) -> None:
                 f"data.train_batch_size={batch}: the trainer takes data.train_batch_size prompts per step; make them "
                 "agree or leave require_batches null"
             )
+
+
+def _separate_pool(config: Any, mode: str, problems: list[str]) -> None:
+    """The top-level ``rollout`` pool and ``actor_rollout_ref.hybrid_engine``: what ``separate_async`` reads."""
+    pool = config.get("rollout") or {}
+    hybrid = config.actor_rollout_ref.get("hybrid_engine", True)
+    if mode != "separate_async":
+        if hybrid is False:
+            problems.append(
+                f"actor_rollout_ref.hybrid_engine=false with trainer.mode={mode}: rollout engines apart from the "
+                "training workers, on a pool of their own, are trainer.mode=separate_async; else leave it true"
+            )
+        changed = {k: pool[k] for k, default in ROLLOUT_POOL_DEFAULTS.items() if pool.get(k, default) != default}
+        if changed:
+            logger.warning(
+                "rollout.%s: no effect with trainer.mode=%s (the rollout pool of trainer.mode=separate_async)",
+                ", rollout.".join(f"{k}={v}" for k, v in changed.items()),
+                mode,
+            )
+        return
+    for key in ROLLOUT_POOL_DEFAULTS:
+        value = pool.get(key, ROLLOUT_POOL_DEFAULTS[key])
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            problems.append(f"rollout.{key}={value!r}: the rollout servers' pool needs an integer >= 1")
 
 
 def _resume(trainer: Any, problems: list[str]) -> None:
@@ -284,13 +328,18 @@ def _rollout(config: Any, problems: list[str]) -> None:
     elif mode == "sync" and backend in ("gloo", "nccl"):
         problems.append(
             f"actor_rollout_ref.rollout.checkpoint_engine.backend={backend} broadcasts weights to rollout replicas on "
-            "a pool of their own (trainer.mode=separate_async, not available yet); the hybrid engine of "
-            "trainer.mode=sync holds the engine in the training process: use backend=naive"
+            "a pool of their own (trainer.mode=separate_async); the hybrid engine of trainer.mode=sync holds the "
+            "engine in the training process: use backend=naive"
         )
     elif mode == "colocate_async" and backend not in RESIDENT_BACKENDS:
         problems.append(
             f"actor_rollout_ref.rollout.checkpoint_engine.backend={backend!r}: trainer.mode=colocate_async pushes "
             f"weights to the rollout servers of the node with one of {sorted(RESIDENT_BACKENDS)}"
+        )
+    elif mode == "separate_async" and backend not in SEPARATE_BACKENDS:
+        problems.append(
+            f"actor_rollout_ref.rollout.checkpoint_engine.backend={backend!r}: trainer.mode=separate_async pushes "
+            f"weights to the rollout pool over torch.distributed with one of {sorted(SEPARATE_BACKENDS)}"
         )
     tp = rollout.tensor_model_parallel_size
     if rollout.name == "vllm" and tp != 1:

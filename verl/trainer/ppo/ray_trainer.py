@@ -48,7 +48,12 @@ from verl.trainer.ppo.metric_utils import (
 from verl.trainer.ppo.profiling import TrainerProfiling
 from verl.trainer.ppo.reward import compute_reward_with_metrics
 from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode, compute_rollout_correction_and_add_to_batch
-from verl.trainer.ppo.rollout_manager import CheckpointManager, create_rollout_manager, start_rollout_servers
+from verl.trainer.ppo.rollout_manager import (
+    CheckpointManager,
+    create_rollout_manager,
+    start_rollout_servers,
+    start_separate_rollout_servers,
+)
 from verl.trainer.ppo.rollout_source import PromptStream, RolloutFilter, get_rollout_source_class
 from verl.trainer.ppo.trainer_checkpoint import TrainerCheckpointing
 from verl.trainer.ppo.trainer_state import TrainerState
@@ -200,8 +205,8 @@ class RayPPOTrainer(TrainerCheckpointing, TrainerProfiling, GenerationDumps):
         """Create the pools and one fused worker per bundle for the roles of each pool; build their models. The
         rollout engines are inside the actor's workers (the hybrid engine), or, in a mode with resident servers,
         a worker group of their own on the actor's bundles (``self.rollout_wg``)."""
-        resident = self.rollout_source.resident_servers
-        if resident:  # each bundle hosts a training worker and its rollout server
+        resident, separate = self.rollout_source.resident_servers, self.rollout_source.separate_pool
+        if resident and not separate:  # each bundle hosts a training worker and its rollout server
             self.resource_pool_manager.max_colocate_count = max(2, self.resource_pool_manager.max_colocate_count)
         self.resource_pool_manager.create_resource_pool()
         pool_classes: dict[Any, dict[str, RayClassWithInitArgs]] = defaultdict(dict)
@@ -237,9 +242,9 @@ class RayPPOTrainer(TrainerCheckpointing, TrainerProfiling, GenerationDumps):
         self.actor_rollout_wg.init_model()
         self.rollout_wg = self.actor_rollout_wg
         if resident:
-            self.rollout_wg = start_rollout_servers(
-                pool, self.role_worker_mapping[arr_role], self.config, self.actor_rollout_wg
-            )
+            start = start_separate_rollout_servers if separate else start_rollout_servers
+            server_pool = self.resource_pool_manager.get_resource_pool(Role.Rollout) if separate else pool
+            self.rollout_wg = start(server_pool, self.role_worker_mapping[arr_role], self.config, self.actor_rollout_wg)
         self.async_rollout_manager = create_rollout_manager(
             self.config,
             self.rollout_wg,
@@ -249,7 +254,8 @@ class RayPPOTrainer(TrainerCheckpointing, TrainerProfiling, GenerationDumps):
             step=lambda: self.global_steps,
         )
         free_cache = self.config.actor_rollout_ref.rollout.free_cache_engine and not resident
-        self.checkpoint_manager = CheckpointManager(self.actor_rollout_wg, self.state, free_cache_engine=free_cache)
+        receivers = self.rollout_wg if separate else None  # a push staged in the servers of their own pool
+        self.checkpoint_manager = CheckpointManager(self.actor_rollout_wg, self.state, free_cache, receivers)
         if resident:  # the servers loaded the model from its path: they get the actor's weights as version 0
             self.checkpoint_manager.resync_weights()
             self.actor_rollout_wg.generate_sequences = self.rollout_wg.generate_sequences
@@ -416,16 +422,16 @@ class RayPPOTrainer(TrainerCheckpointing, TrainerProfiling, GenerationDumps):
         and dumps to ``trainer.validation_data_dir``."""
         if self.val_dataloader is None or self.val_reward_fn is None:
             return {}
-        self.rollout_source.wait_idle()  # the servers never mix validation requests with a training batch's
         trainer = self.config.trainer
         n = self.config.actor_rollout_ref.rollout.val_kwargs.n
         samples = ValidationSamples()
-        for batch_dict in self.val_dataloader:
-            batch = DataProto.from_single_dict(batch_dict)
-            first = len(samples.uids) // n
-            batch.non_tensor_batch["uid"] = np.array([f"val-{first + i}" for i in range(len(batch))], dtype=object)
-            batch = self._generate(batch, n=n, validate=True)
-            samples.add(self.tokenizer, batch, *self._compute_or_extract_reward(batch, self.val_reward_fn))
+        with self.rollout_source.paused():  # the servers never mix validation requests with a training batch's
+            for batch_dict in self.val_dataloader:
+                batch = DataProto.from_single_dict(batch_dict)
+                first = len(samples.uids) // n
+                batch.non_tensor_batch["uid"] = np.array([f"val-{first + i}" for i in range(len(batch))], dtype=object)
+                batch = self._generate(batch, n=n, validate=True)
+                samples.add(self.tokenizer, batch, *self._compute_or_extract_reward(batch, self.val_reward_fn))
         if trainer.log_val_generations > 0:
             picked = samples.pick(trainer.log_val_generations)
             self.generations_logger.log(self._logger_names(), picked, self.global_steps)
@@ -522,19 +528,28 @@ class RayPPOTrainer(TrainerCheckpointing, TrainerProfiling, GenerationDumps):
             on_batch_end(batch=batch)
 
     def _rollout(
-        self, batch: DataProto, step: StepState, *, epoch: int | None = None, seed_step: int | None = None
+        self,
+        batch: DataProto,
+        step: StepState,
+        *,
+        epoch: int | None = None,
+        seed_step: int | None = None,
+        first_prompt: int | None = None,
     ) -> DataProto:
         """Generate ``rollout.n`` responses per prompt with the engines' current weights (and ReMax's greedy
         baseline) and score them: the generation stages a rollout source schedules. ``epoch`` (the prompts' pass
         over the data) and ``seed_step`` (the step number that seeds the sampling) default to the trainer's; a
-        source generating ahead of the trainer gives the batch's own."""
+        source generating ahead of the trainer gives the batch's own; ``first_prompt`` numbers the prompts (it seeds
+        their samples; default: after the step's earlier generation batches)."""
         timing, metrics = step.timing, step.metrics
         epoch = self.state.epoch if epoch is None else epoch
         self._step_uids(batch, epoch, seed_step)
         batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
         prompts = batch
         with self._stage("gen", timing):  # DAPO's extra generation batches of a step get fresh seeds
-            batch = self._generate(prompts, first_prompt=step.gen_batches * len(prompts), seed_step=seed_step)
+            if first_prompt is None:
+                first_prompt = step.gen_batches * len(prompts)
+            batch = self._generate(prompts, first_prompt=first_prompt, seed_step=seed_step)
         generation = batch.meta_info.pop("generation")
         timing.update(generation["timing"])
         metrics.update(generation["metrics"])
@@ -555,8 +570,8 @@ class RayPPOTrainer(TrainerCheckpointing, TrainerProfiling, GenerationDumps):
         metrics.update(compute_staleness_metrics(batch, self.state.weight_version))
         with contextlib.ExitStack() as stack:
             stack.callback(step.timer.stop)
-            if trainer.balance_batch:
-                _, balance_metrics = balance_batch(batch, workers)
+            if trainer.balance_batch:  # over the ranks that train it
+                _, balance_metrics = balance_batch(batch, self.actor_rollout_wg.world_size)
                 metrics.update(balance_metrics)
             if self.bypass_mode:  # the rollout's log-probs are the old ones: no forward pass
                 apply_bypass_mode(batch)

@@ -18,7 +18,7 @@ from typing import Any
 
 from verl.utils.metric import reduce_metrics
 
-__all__ = ["CheckpointManager", "create_rollout_manager", "start_rollout_servers"]
+__all__ = ["CheckpointManager", "create_rollout_manager", "start_rollout_servers", "start_separate_rollout_servers"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,11 +60,9 @@ def create_rollout_manager(
     return manager
 
 
-def start_rollout_servers(pool: Any, worker_cls: Any, config: Any, actor_wg: Any) -> Any:
-    """Resident rollout servers beside the training workers: a worker group of role ``rollout`` on the bundles of
-    ``pool`` (one server per training rank, each in a process of its own, its engine built from the model path),
-    each connected to the training worker of its rank for the weight push (``actor_wg.connect_rollout_server``).
-    The caller pushes the actor's weights before the servers generate."""
+def _server_group(pool: Any, worker_cls: Any, config: Any) -> Any:
+    """A worker group of role ``rollout`` on ``pool`` (each server in a process of its own, its engine built from
+    the model path)."""
     from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
     from verl.single_controller.ray.colocated import remote_worker_class
 
@@ -75,6 +73,32 @@ def start_rollout_servers(pool: Any, worker_cls: Any, config: Any, actor_wg: Any
         name_prefix=f"{pool.name_prefix}_rollout_",
     )
     servers.init_model()
+    return servers
+
+
+def start_separate_rollout_servers(pool: Any, worker_cls: Any, config: Any, actor_wg: Any) -> Any:
+    """Rollout servers on a pool of their own (``trainer.mode=separate_async``): a worker group of role ``rollout``
+    on ``pool``, joined with the training workers in the weight push's process group (training rank 0 hosts it and
+    broadcasts; the servers stage what they receive). The caller pushes the actor's weights before they generate."""
+    import ray
+
+    servers = _server_group(pool, worker_cls, config)
+    engine = config.actor_rollout_ref.rollout.checkpoint_engine
+    host, port = actor_wg.weight_group_address()[0]
+    world = 1 + servers.world_size
+    joins = servers.execute_all_async("join_weight_group", host, port, world, engine.backend)
+    actor_wg.connect_weight_group(host, port, world)
+    ray.get(joins)
+    logger.info("%d rollout server(s) on their own pool, weights pushed over %s", servers.world_size, engine.backend)
+    return servers
+
+
+def start_rollout_servers(pool: Any, worker_cls: Any, config: Any, actor_wg: Any) -> Any:
+    """Resident rollout servers beside the training workers: a worker group of role ``rollout`` on the bundles of
+    ``pool`` (one server per training rank, each in a process of its own, its engine built from the model path),
+    each connected to the training worker of its rank for the weight push (``actor_wg.connect_rollout_server``).
+    The caller pushes the actor's weights before the servers generate."""
+    servers = _server_group(pool, worker_cls, config)
     nbytes = actor_wg.connect_rollout_server(servers.workers, getattr(servers, "method_prefix", ""))
     logger.info("%d rollout server(s) beside the training workers, %s shared bytes each", len(nbytes), nbytes[0])
     return servers
@@ -91,12 +115,15 @@ class CheckpointManager:
         worker_group: the actor-rollout worker group.
         state: the trainer state whose ``weight_version`` counts the pushes.
         free_cache_engine: whether :meth:`sleep_replicas` frees the engines' memory (``rollout.free_cache_engine``).
+        receivers: rollout servers on a pool of their own (``trainer.mode=separate_async``): each push is staged in
+            them (their ``receive_weights`` runs while the actor broadcasts); they load it when told to.
     """
 
-    def __init__(self, worker_group: Any, state: Any, free_cache_engine: bool = True) -> None:
+    def __init__(self, worker_group: Any, state: Any, free_cache_engine: bool = True, receivers: Any = None) -> None:
         self.worker_group = worker_group
         self.state = state
         self.free_cache_engine = bool(free_cache_engine)
+        self.receivers = receivers
 
     def update_weights(self, global_steps: int | None = None) -> dict[str, float]:
         """Push the actor's current weights into every rollout engine as version ``state.weight_version + 1``
@@ -117,5 +144,14 @@ class CheckpointManager:
             self.worker_group.sleep()
 
     def _send(self, version: int) -> dict[str, float]:
-        stats = self.worker_group.update_weights(version=version)
+        if self.receivers is None:
+            stats = self.worker_group.update_weights(version=version)
+        else:
+            import ray
+
+            received = self.receivers.execute_all_async("receive_weights")  # each server stages the push
+            stats = self.worker_group.update_weights(version=version)  # a failure here ends the run
+            versions = ray.get(received)
+            if versions != [version] * len(versions):
+                raise RuntimeError(f"weight push {version}: the rollout servers staged versions {versions}")
         return reduce_metrics({k: [s[k] for s in stats] for k in stats[0]}) if stats else {}

@@ -10,6 +10,8 @@ batch is generated; it is chosen by ``trainer.mode`` from a registry (:func:`reg
 - ``colocate_async`` (:class:`~verl.trainer.ppo.colocate_async.ColocateAsyncRolloutSource`): resident rollout
   servers beside the training workers generate the next ``async_training.max_lag`` batches while the trainer
   updates; ``before_weights`` waits for the batch in flight, so each batch comes from one weight version.
+- ``separate_async`` (:class:`~verl.trainer.ppo.separate_async.SeparateAsyncRolloutSource`): rollout servers on a
+  pool of their own generate all the time into a bounded sample queue; the trainer takes whole groups from it.
 
 A source pulls prompts from the trainer's :class:`PromptStream` and generates them through the trainer's stages
 (``_rollout``: gen → gen_max → reward). A *rollout filter* (the trainer's ``rollout_filter``, made by the
@@ -20,9 +22,10 @@ sampling is one (:func:`verl.trainer.ppo.dynamic_sampling.accumulate_groups`).
 from __future__ import annotations
 
 import abc
+import contextlib
 import importlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from verl.protocol import DataProto
@@ -87,6 +90,8 @@ class RolloutSource(abc.ABC):
     #: the mode's rollout engines are servers of their own beside the training workers (resident, never asleep),
     #: not the hybrid engine inside them
     resident_servers: bool = False
+    #: those servers are on a pool of their own (the top-level ``rollout.*`` pool), reached by a collective push
+    separate_pool: bool = False
 
     def before_weights(self, step: StepState) -> None:
         """The trainer is about to push new weights to the rollout engines (``sync``: nothing to do; a source
@@ -97,6 +102,13 @@ class RolloutSource(abc.ABC):
         """Return when no generation of the source is in flight (before the trainer generates itself: validation,
         so that the servers never mix its requests with a batch's; ``sync``: nothing is ever in flight)."""
         return None
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The trainer generates itself inside (validation), with its newest weights, never mixed with the source's
+        generation (default: :meth:`wait_idle` first)."""
+        self.wait_idle()
+        yield
 
     def on_weights(self, version: int) -> None:
         """The trainer pushed weight version ``version`` to the rollout engines (``sync``: nothing to do)."""
@@ -154,7 +166,10 @@ def registered_rollout_sources() -> list[str]:
     return sorted({*_SOURCES, *_BUILT_IN})
 
 
-_BUILT_IN = {"colocate_async": "verl.trainer.ppo.colocate_async"}  # imported on first use
+_BUILT_IN = {
+    "colocate_async": "verl.trainer.ppo.colocate_async",
+    "separate_async": "verl.trainer.ppo.separate_async",
+}  # imported on first use
 
 
 def get_rollout_source_class(mode: str) -> type[RolloutSource]:

@@ -192,7 +192,7 @@ class CheckpointEngineConfig(BaseConfig):
         backend: registered checkpoint-engine name ("naive": colocated, in-process; "shm": into an engine of another
             process of the node through shared memory — ``trainer.mode=colocate_async`` takes "naive" as "shm";
             "gloo" / "nccl": broadcast to rollout replicas in other processes or nodes over a process group of the
-            push's own, for rollout replicas on a pool of their own — refused until ``separate_async`` exists).
+            push's own, the push of ``trainer.mode=separate_async``, which takes "naive" as "gloo").
         update_weights_bucket_megabytes: weights are sent in buckets of this size.
         engine_kwargs: backend-specific options.
     """

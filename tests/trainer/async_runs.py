@@ -1,0 +1,110 @@
+"""The CLI runs of the two async trainer modes, shared by their test modules (one session-scoped set, run
+concurrently in two waves: the resumed runs need the first wave's checkpoints).
+
+All runs train PPO with a critic (GAE) and a KL loss (the reference policy runs in the training workers: role
+``actor_ref``) on 32 prompts of 16 for 3 steps, so they cross an epoch boundary; each dumps the samples it trains
+(``trainer.rollout_data_dir``), which the sample-accounting checks read.
+
+- ``sync``: the reference, one training worker.
+- ``colocate_lag0`` / ``colocate_lag1`` (2 training workers + 2 resident servers, every push verified) /
+  ``colocate_lag1_again`` / ``colocate_resumed`` (from ``colocate_lag1``'s step-1 checkpoint).
+- ``separate_lag0`` / ``separate_lag1`` (1 training worker, a rollout pool of 2 servers, every push verified) /
+  ``separate_lag1_again`` / ``separate_resumed`` (from ``separate_lag1``'s step-1 checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.trainer.test_main_ppo import MainRuns, Prepared, main_run, run_concurrently
+
+COMMON = [
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
+    "algorithm.adv_estimator=gae",
+    "critic.ppo_micro_batch_size_per_gpu=32",
+    "critic.model.fsdp_config.dtype=float32",
+    "critic.optim.lr=1e-4",
+    "actor_rollout_ref.actor.use_kl_loss=true",
+    "data.train_max_samples=32",
+    "trainer.total_epochs=3",
+    "trainer.total_training_steps=3",
+]
+COLOCATE = [*COMMON, "trainer.mode=colocate_async", "trainer.save_freq=1", "trainer.n_gpus_per_node=2"]
+SEPARATE = [
+    *COMMON,
+    "trainer.mode=separate_async",
+    "actor_rollout_ref.hybrid_engine=false",  # as veRL's separate-pool scripts set it
+    "rollout.n_gpus_per_node=2",  # the rollout pool: 2 servers; training: 1 worker
+    "trainer.save_freq=1",
+]
+VERIFIED = {"VERL_VERIFY_WEIGHT_SYNC": "1"}  # every push checked bit for bit in the servers
+WAVES = (
+    ["sync", "colocate_lag0", "colocate_lag1", "separate_lag0", "separate_lag1"],
+    ["colocate_lag1_again", "colocate_resumed", "separate_lag1_again", "separate_resumed"],
+)
+
+
+def dumped(work: Path) -> list[str]:
+    return [f"trainer.rollout_data_dir={work / 'rollouts'}"]
+
+
+def trained_samples(run) -> dict[int, list[tuple[str, str]]]:
+    """The samples each step trained, as the run dumped them: step → sorted ``(prompt, ground truth)`` pairs."""
+    out: dict[int, list[tuple[str, str]]] = {}
+    for path in sorted((run.work / "rollouts").glob("*.jsonl")):
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        out[int(path.stem)] = sorted((row["input"], json.dumps(row["gts"])) for row in rows)
+    return out
+
+
+@main_run("sync")
+def _sync(work: Path) -> Prepared:
+    return [*COMMON, "trainer.mode=sync", *dumped(work)], {}
+
+
+@main_run("colocate_lag0")
+def _colocate_lag0(work: Path) -> Prepared:
+    return [*COMMON, "trainer.mode=colocate_async", "async_training.max_lag=0"], {}
+
+
+@main_run("colocate_lag1")
+def _colocate_lag1(work: Path) -> Prepared:
+    return COLOCATE, VERIFIED
+
+
+@main_run("colocate_lag1_again")
+def _colocate_lag1_again(work: Path) -> Prepared:
+    return COLOCATE, {}
+
+
+@main_run("separate_lag0")
+def _separate_lag0(work: Path) -> Prepared:
+    return [*COMMON, "trainer.mode=separate_async", "async_training.max_lag=0"], {}
+
+
+@main_run("separate_lag1")
+def _separate_lag1(work: Path) -> Prepared:
+    return [*SEPARATE, *dumped(work)], VERIFIED
+
+
+@main_run("separate_lag1_again")
+def _separate_lag1_again(work: Path) -> Prepared:
+    return SEPARATE, {}
+
+
+def run_async_modes(tmp_path_factory) -> MainRuns:
+    """Every run above; the resumed ones start from step 1's checkpoint of their mode's lag-1 run."""
+    done = run_concurrently(WAVES[0], tmp_path_factory)
+    for mode, args in (("colocate", COLOCATE), ("separate", SEPARATE)):
+        checkpoint = done[f"{mode}_lag1"].work / "ckpt" / "global_step_1"
+
+        def prepare(work: Path, args=args, checkpoint=checkpoint) -> Prepared:
+            resume = ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={checkpoint}"]
+            return [*args, *resume, *dumped(work)], {}
+
+        main_run(f"{mode}_resumed")(prepare)
+    done.update(run_concurrently(WAVES[1], tmp_path_factory))
+    for name, run in done.items():
+        assert run.returncode == 0, f"{name}:\n{run.output[-3000:]}"
+    return done
