@@ -14,7 +14,7 @@ Where each column comes from:
   ``tiled_mlp.enabled``, describes a key inside a mapping-valued field); for the other sections, ``DESCRIPTIONS``
   below;
 - vs veRL: ``unread.UNREAD`` (keys accepted for compatibility that this version does not act on: a value away from
-  the default warns or is refused) and ``validate.TRAINER_MODES``, read programmatically, plus ``OURS`` (keys veRL
+  the default warns or is refused), read programmatically, plus ``OURS`` (keys veRL
   does not have) and ``DIFFERENCES`` in ``config_reference_tables.py``.
 
 A leaf without a description, or a table entry naming a key the YAML does not have, makes the generator fail, so a
@@ -249,12 +249,6 @@ def unread_notes() -> dict[str, str]:
                 marker += f" with `actor_rollout_ref.rollout.name={entry.engine}`"
             sub = f" (`{entry.key.rsplit('.', 1)[1]}`)" if target == parent else ""
             notes[target] = f"{marker}{sub}: {entry.why}."
-    modes = [m for m in validate.TRAINER_MODES if m not in validate.IMPLEMENTED_MODES]
-    if modes:
-        names = ", ".join(f"`{m}`" for m in modes)
-        implemented = " and ".join(f"`{m}`" for m in validate.IMPLEMENTED_MODES)
-        verb = "run" if len(validate.IMPLEMENTED_MODES) > 1 else "runs"
-        notes["trainer.mode"] = f"{names}: **refused** (not implemented yet); {implemented} {verb}."
     return notes
 
 
