@@ -13,7 +13,13 @@ import ray
 import torch
 
 from verl.checkpoint_engine import WeightSyncError, get_checkpoint_engine, tensor_digest
-from verl.checkpoint_engine.collective import BroadcastReceiver, BroadcastSender, weight_group
+from verl.checkpoint_engine.collective import (
+    BroadcastReceiver,
+    BroadcastSender,
+    NotSending,
+    StagedWeights,
+    weight_group,
+)
 from verl.utils.net_utils import node_ip_and_free_port
 from verl.utils.tiny_model import build_tiny_qwen2
 
@@ -145,3 +151,47 @@ def test_misuse_is_refused_by_name(pushed):
         BroadcastReceiver(sender.group, rollout=None)
     with pytest.raises(ValueError, match="the collective push is 'gloo' or 'nccl'"):
         weight_group("127.0.0.1", 1, 0, 1, backend="mpi", timeout_s=1)
+
+
+def test_staged_versions_wait_beside_the_engine_until_one_is_loaded(tiny_model_dir):
+    """A replica of ``separate_async`` stages each push (a receiver writes into `StagedWeights` as into an engine)
+    and loads the version it is told to, verified against the staged tensors; older versions go then."""
+    from verl.workers.rollout import get_rollout_class
+
+    config = {"name": "hf", "dtype": "bfloat16", "prompt_length": 8, "response_length": 8}
+    engine = get_rollout_class("hf")(config=config, model_path=tiny_model_dir)
+    staged = StagedWeights()
+    pushes = {v: build_tiny_qwen2(seed=v).to(torch.bfloat16).state_dict() for v in (1, 2)}
+    for version, weights in pushes.items():
+        with staged.weight_update(version):
+            staged.update_weights(list(weights.items())[:3])  # two buckets
+            staged.update_weights(list(weights.items())[3:])
+    assert sorted(staged.versions) == [1, 2] and staged.weight_version == 2 and engine.weight_version == 0
+    staged.apply(engine, 2, verify=True, drop_older=False)  # validation: the newest, the older one kept
+    assert engine.weight_version == 2 and sorted(staged.versions) == [1, 2]
+    staged.apply(engine, 1, verify=True)  # the rollouter goes on with the version its groups need
+    digests = {name: tensor_digest(t) for name, t in engine.named_weights()}
+    assert engine.weight_version == 1 and all(digests[n] == tensor_digest(t) for n, t in pushes[1].items())
+    assert sorted(staged.versions) == [1, 2]  # nothing older than 1 to drop
+    staged.apply(engine, 2)
+    assert sorted(staged.versions) == [2]
+    with pytest.raises(WeightSyncError, match=r"weight version 1 is not staged in this replica \(staged: \[2\]\)"):
+        staged.apply(engine, 1)
+    with pytest.raises(RuntimeError, match="outside weight_update"):
+        staged.update_weights([])
+    load = engine.update_weights
+
+    def corrupted(named_tensors):  # a faulty load: the check against the staged tensors names the tensor
+        named_tensors = [(n, t.clone()) for n, t in named_tensors]
+        for name, tensor in named_tensors:
+            if name == CORRUPTED:
+                tensor.view(-1)[0] += 1
+        load(named_tensors)
+
+    engine.update_weights = corrupted
+    with pytest.raises(WeightSyncError, match=CORRUPTED):
+        staged.apply(engine, 2, verify=True)
+    nothing = NotSending()  # a trainer rank other than the sender's drops what it gathered
+    with nothing.weight_update(3):
+        nothing.update_weights(pushes[1].items())
+    assert nothing.replica_digests() == []

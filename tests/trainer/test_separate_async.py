@@ -19,7 +19,7 @@ import pytest
 from tests.trainer.async_runs import trained_samples
 from tests.trainer.test_checkpoint_resume import assert_same_steps, steps
 from tests.trainer.test_colocate_async import logged, without_async_only
-from tests.trainer.test_main_ppo import POOL_TIMEOUT_S
+from tests.trainer.test_main_ppo import POOL_TIMEOUT_S, run_main
 
 pytestmark = pytest.mark.timeout(POOL_TIMEOUT_S)
 
@@ -57,3 +57,25 @@ def test_a_resumed_run_logs_what_the_uninterrupted_one_logs(async_runs):
     resumed = steps(async_runs["separate_resumed"].records)
     assert sorted(resumed) == [2, 3]
     assert_same_steps(resumed, steps(async_runs["separate_lag1"].records))
+
+
+@pytest.mark.vllm
+def test_vllm_servers_on_their_own_pool(tmp_path):
+    """vLLM's engine as the rollout server on its own pool (the vllm venv): every gloo push, staged and then loaded,
+    verifies bit for bit; step 1's samples (version 0) score the same under the trainer and the engine; the servers
+    generate one version behind."""
+    pytest.importorskip("vllm", reason="runs in the vllm venv")
+    code, output, records = run_main(
+        tmp_path,
+        "trainer.mode=separate_async",
+        "actor_rollout_ref.hybrid_engine=false",
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.load_format=dummy",  # the push at start-up brings the actor's weights
+        "trainer.total_training_steps=3",
+        env={"VERL_VERIFY_WEIGHT_SYNC": "1"},
+    )
+    assert code == 0, output[-3000:]
+    data = logged(records)
+    assert [d["async/staleness/max"] for d in data] == [0, 1, 1]
+    assert data[0]["training/rollout_probs_diff_max"] < 1e-3  # trainer and engine agree on version 0
+    assert data[1]["rollout_corr/rollout_is_mean"] > 0

@@ -229,6 +229,12 @@ def test_wrong_role_calls_are_clear(ray_cluster, tiny_model_dir):
             wg.weight_receiver("begin", 1)
         with pytest.raises(Exception, match="connect_rollout_server on a worker of role 'ref'"):
             wg.connect_rollout_server([None])
+        with pytest.raises(Exception, match="connect_weight_group on a worker of role 'ref'"):
+            wg.connect_weight_group("127.0.0.1", 1, 2)
+        server_calls = (("join_weight_group", ("127.0.0.1", 1, 2)), ("receive_weights", ()), ("apply_weights", (1,)))
+        for call, args in server_calls:
+            with pytest.raises(Exception, match=f"{call} on a worker of role 'ref': only a rollout server"):
+                getattr(wg, call)(*args)
     finally:
         wg.shutdown()
         pool.release()
