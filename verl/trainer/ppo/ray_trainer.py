@@ -14,8 +14,9 @@ arguments and return values, and the stages of our ``fit()`` are built on the sa
 ``_compute_old_log_prob`` → ``(DataProto, mfu)``, ``_compute_ref_log_prob`` / ``_compute_values`` /
 ``_update_critic`` / ``_update_actor`` → ``DataProto``, ``checkpoint_manager.update_weights()`` /
 ``sleep_replicas()``, ``_validate()``, ``_save_checkpoint()`` / ``_load_checkpoint()``, ``_start_profiling`` /
-``_stop_profiling``, ``_log_rollout_data`` and ``_dump_generations`` (the last three groups from the mixins
-``TrainerCheckpointing``, ``TrainerProfiling`` and ``GenerationDumps``, each in the module of its concern).
+``_stop_profiling``, ``_log_rollout_data`` and ``_dump_generations`` (``_get_gen_batch`` and the last three groups
+from the mixins ``TrainerGeneration``, ``TrainerCheckpointing``, ``TrainerProfiling`` and ``GenerationDumps``, each
+in the module of its concern).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from verl.single_controller.ray.base import WorkerDiedError
 from verl.trainer.config.derived import total_training_steps, uses_bypass_mode, with_derived_settings
 from verl.trainer.ppo.core_algos import AdvantageEstimator, compute_pf_ppo_reweight_data, get_kl_controller
 from verl.trainer.ppo.dynamic_sampling import StepState, accumulate_groups
+from verl.trainer.ppo.generation import TrainerGeneration
 from verl.trainer.ppo.metric_utils import (
     compute_data_metrics,
     compute_staleness_metrics,
@@ -48,12 +50,7 @@ from verl.trainer.ppo.metric_utils import (
 from verl.trainer.ppo.profiling import TrainerProfiling
 from verl.trainer.ppo.reward import compute_reward_with_metrics
 from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode, compute_rollout_correction_and_add_to_batch
-from verl.trainer.ppo.rollout_manager import (
-    CheckpointManager,
-    create_rollout_manager,
-    start_rollout_servers,
-    start_separate_rollout_servers,
-)
+from verl.trainer.ppo.rollout_manager import CheckpointManager, create_rollout_manager, start_rollout_servers
 from verl.trainer.ppo.rollout_source import PromptStream, RolloutFilter, get_rollout_source_class
 from verl.trainer.ppo.trainer_checkpoint import TrainerCheckpointing
 from verl.trainer.ppo.trainer_state import TrainerState
@@ -87,12 +84,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# non-tensor keys the reward needs; _get_gen_batch leaves them in the batch (veRL's set)
-REWARD_KEYS = ("data_source", "reward_model", "extra_info", "uid")
-PROMPT_TENSORS = ("input_ids", "attention_mask", "position_ids")
 
-
-class RayPPOTrainer(TrainerCheckpointing, TrainerProfiling, GenerationDumps):
+class RayPPOTrainer(TrainerGeneration, TrainerCheckpointing, TrainerProfiling, GenerationDumps):
     """The driver: owns the data, the reward function and the worker groups, and runs the training loop.
 
     Args:
@@ -204,7 +197,7 @@ class RayPPOTrainer(TrainerCheckpointing, TrainerProfiling, GenerationDumps):
     def init_workers(self) -> None:
         """Create the pools and one fused worker per bundle for the roles of each pool; build their models. The
         rollout engines are inside the actor's workers (the hybrid engine), or, in a mode with resident servers,
-        a worker group of their own on the actor's bundles (``self.rollout_wg``)."""
+        a worker group of their own (``self.rollout_wg``) on the actor's bundles or on the rollout pool."""
         resident, separate = self.rollout_source.resident_servers, self.rollout_source.separate_pool
         if resident and not separate:  # each bundle hosts a training worker and its rollout server
             self.resource_pool_manager.max_colocate_count = max(2, self.resource_pool_manager.max_colocate_count)
@@ -241,10 +234,10 @@ class RayPPOTrainer(TrainerCheckpointing, TrainerProfiling, GenerationDumps):
                 wg.init_model()
         self.actor_rollout_wg.init_model()
         self.rollout_wg = self.actor_rollout_wg
-        if resident:
-            start = start_separate_rollout_servers if separate else start_rollout_servers
+        if resident:  # beside the training workers, or on the rollout pool
             server_pool = self.resource_pool_manager.get_resource_pool(Role.Rollout) if separate else pool
-            self.rollout_wg = start(server_pool, self.role_worker_mapping[arr_role], self.config, self.actor_rollout_wg)
+            worker_cls, actor_wg = self.role_worker_mapping[arr_role], self.actor_rollout_wg
+            self.rollout_wg = start_rollout_servers(server_pool, worker_cls, self.config, actor_wg, separate)
         self.async_rollout_manager = create_rollout_manager(
             self.config,
             self.rollout_wg,
@@ -263,55 +256,6 @@ class RayPPOTrainer(TrainerCheckpointing, TrainerProfiling, GenerationDumps):
             RolloutSkip(self.config, self.async_rollout_manager).wrap_generate_sequences()
 
     # ------------------------------------------------------------------ stages
-    def _get_gen_batch(self, batch: DataProto) -> DataProto:
-        """Pop the prompts' tensors and every non-tensor key the reward does not need (``data_source``,
-        ``reward_model``, ``extra_info``, ``uid`` stay) out of ``batch`` and return them, with ``prompt_index``
-        (the row; it seeds each sample) — veRL's helper: ``_get_gen_batch(batch).repeat(n)`` is what
-        ``async_rollout_manager.generate_sequences`` takes, and its output is ``union``-ed into
-        ``batch.repeat(n)``."""
-        keys = [k for k in PROMPT_TENSORS if k in batch.batch.keys()]
-        other = [k for k in batch.non_tensor_batch if k not in REWARD_KEYS]
-        gen = batch.pop(batch_keys=keys, non_tensor_batch_keys=other)
-        gen.batch["prompt_index"] = torch.arange(len(gen))
-        gen.non_tensor_batch.update(batch.non_tensor_batch)  # as veRL: an agent loop sees the reward's inputs too
-        return gen
-
-    def _generate(
-        self,
-        batch: DataProto,
-        n: int | None = None,
-        validate: bool = False,
-        do_sample: bool = True,
-        first_prompt: int = 0,
-        seed_step: int | None = None,
-    ) -> DataProto:
-        """Generate ``n`` responses per prompt (greedy without ``do_sample``); returns the prompts' rows repeated
-        ``n`` times joined with them, and ``meta_info["generation"]``: the generation's ``timing`` and its workers'
-        ``metrics``. ``batch`` itself is left as it was. The prompts are numbered from ``first_prompt`` (the number
-        seeds their samples: each generation batch of a step needs its own), the step from ``seed_step`` (default:
-        the current one)."""
-        n = n or self.config.actor_rollout_ref.rollout.n
-        batch = batch.select(batch_keys=list(batch.batch.keys()))  # a shallow copy: _get_gen_batch pops from it
-        gen = self._get_gen_batch(batch)
-        gen.batch["prompt_index"] += first_prompt
-        seed_step = self.global_steps if seed_step is None else seed_step
-        gen.meta_info.update(validate=validate, global_steps=seed_step)  # the step seeds the sampling
-        if not do_sample:
-            gen.meta_info["do_sample"] = False
-        output = self.async_rollout_manager.generate_sequences(gen.repeat(n, interleave=True))
-        generation = output.meta_info
-        output.meta_info = {"reward_extra_keys": generation.pop("reward_extra_keys", [])}
-        batch = batch.repeat(n, interleave=True).union(output)
-        batch.meta_info["generation"] = generation
-        return batch
-
-    def _compute_reward_baselines(self, prompts: DataProto, batch: DataProto) -> None:
-        """ReMax's baseline: the reward of one greedy response per prompt, as ``reward_baselines`` of its samples."""
-        greedy = self._generate(prompts, n=1, do_sample=False)
-        scores = self._compute_or_extract_reward(greedy, self.reward_fn, sum_reward=True)
-        n = len(batch) // len(prompts)
-        batch.batch["reward_baselines"] = scores.repeat_interleave(n)
-
     def _compute_or_extract_reward(
         self, batch: DataProto, reward_fn: Any = None, return_dict: bool = False, sum_reward: bool = False
     ) -> Any:
@@ -444,13 +388,6 @@ class RayPPOTrainer(TrainerCheckpointing, TrainerProfiling, GenerationDumps):
         return [names] if isinstance(names, str) else list(names)
 
     # ------------------------------------------------------------------ the loop
-    def _step_uids(self, batch: DataProto, epoch: int, step: int | None = None) -> None:
-        """Deterministic per-prompt ids from the dataset index (else the step's position) and the epoch."""
-        index = batch.non_tensor_batch.get("index")
-        if index is None:
-            index = np.arange(len(batch)) + ((step or self.global_steps) - 1) * len(batch)
-        batch.non_tensor_batch["uid"] = np.array([f"{epoch}-{i}" for i in index], dtype=object)
-
     def fit(self) -> None:
         """Train for ``trainer.total_training_steps`` (or ``total_epochs`` over the data), logging every step: each
         step takes its batch from the mode's rollout source, then runs the update stages (:meth:`_finish_step`)."""

@@ -18,7 +18,7 @@ from typing import Any
 
 from verl.utils.metric import reduce_metrics
 
-__all__ = ["CheckpointManager", "create_rollout_manager", "start_rollout_servers", "start_separate_rollout_servers"]
+__all__ = ["CheckpointManager", "create_rollout_manager", "start_rollout_servers"]
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def _server_group(pool: Any, worker_cls: Any, config: Any) -> Any:
     return servers
 
 
-def start_separate_rollout_servers(pool: Any, worker_cls: Any, config: Any, actor_wg: Any) -> Any:
+def _start_separate_servers(pool: Any, worker_cls: Any, config: Any, actor_wg: Any) -> Any:
     """Rollout servers on a pool of their own (``trainer.mode=separate_async``): a worker group of role ``rollout``
     on ``pool``, joined with the training workers in the weight push's process group (training rank 0 hosts it and
     broadcasts; the servers stage what they receive). The caller pushes the actor's weights before they generate."""
@@ -93,11 +93,14 @@ def start_separate_rollout_servers(pool: Any, worker_cls: Any, config: Any, acto
     return servers
 
 
-def start_rollout_servers(pool: Any, worker_cls: Any, config: Any, actor_wg: Any) -> Any:
+def start_rollout_servers(pool: Any, worker_cls: Any, config: Any, actor_wg: Any, separate: bool = False) -> Any:
     """Resident rollout servers beside the training workers: a worker group of role ``rollout`` on the bundles of
     ``pool`` (one server per training rank, each in a process of its own, its engine built from the model path),
-    each connected to the training worker of its rank for the weight push (``actor_wg.connect_rollout_server``).
-    The caller pushes the actor's weights before the servers generate."""
+    each connected to the training worker of its rank for the weight push (``actor_wg.connect_rollout_server``);
+    with ``separate``, on a pool of their own (see :func:`_start_separate_servers`). The caller pushes the actor's
+    weights before the servers generate."""
+    if separate:
+        return _start_separate_servers(pool, worker_cls, config, actor_wg)
     servers = _server_group(pool, worker_cls, config)
     nbytes = actor_wg.connect_rollout_server(servers.workers, getattr(servers, "method_prefix", ""))
     logger.info("%d rollout server(s) beside the training workers, %s shared bytes each", len(nbytes), nbytes[0])
