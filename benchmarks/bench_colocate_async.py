@@ -1,12 +1,14 @@
-"""``trainer.mode=sync`` against ``trainer.mode=colocate_async`` (lag 1) on a generation-heavy GRPO workload:
-steps/s, per-stage seconds, and the CPU each process uses, overall and per stage.
+"""``trainer.mode=sync`` against ``trainer.mode=colocate_async`` and ``separate_async`` (lag 1) on a
+generation-heavy GRPO workload: steps/s, per-stage seconds, and the CPU each process uses, overall and per stage.
 
     python benchmarks/bench_colocate_async.py [--workload tiny smollm2] [--threads 1 2] [--steps 6]
+        [--modes sync colocate_async separate_async]
 
 Each run is the real entry point, ``python -m verl.trainer.main_ppo``, in a subprocess with one training worker
 (sync: the hybrid engine in that process; colocate_async: plus a resident rollout server in its own process on the
-same bundle). ``--threads T`` sets ``OMP_NUM_THREADS=T`` for every process of the run: T=1 gives the training
-worker and the rollout server one thread each (1 + 1; sync's single process gets 1), T=2 lets each use both cores
+same bundle; separate_async: plus one rollout server on a pool of its own, fed weights over gloo). ``--threads T``
+sets ``OMP_NUM_THREADS=T`` for every process of the run: T=1 gives the training worker and the rollout server one
+thread each (1 + 1; sync's single process gets 1), T=2 lets each use both cores
 (they share them). Figures are medians over the steps after the first (warm-up).
 
 CPU use: while the run trains, the benchmark reads every 0.2 s the CPU time of the run's processes (``/proc``),
@@ -50,6 +52,7 @@ PROCESSES = {
 ORDER = {  # the stages of a step as the trainer runs them (the first stage of colocate_async: the batch's wait)
     "sync": ("gen", "reward", "old_log_prob", "adv", "update_actor", "update_weights"),
     "colocate_async": ("wait_batch", "old_log_prob", "adv", "update_actor", "wait_push", "update_weights"),
+    "separate_async": ("wait_batch", "old_log_prob", "adv", "update_actor", "update_weights"),
 }
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -195,6 +198,8 @@ def stage_windows(mode: str, record: dict, end: float) -> list[tuple[str, float,
     timing = {k.removeprefix("timing_s/"): v for k, v in record.items() if k.startswith("timing_s/")}
     if mode == "colocate_async":  # at lag 1 a step's batch is done before the previous push: the wait is the push's
         timing["wait_batch"], timing["wait_push"] = 0.0, timing.get("wait_rollout", 0.0)
+    elif mode == "separate_async":  # the push never waits: the trainer waits only for its groups
+        timing["wait_batch"] = timing.get("wait_rollout", 0.0)
     windows, cursor = [], end
     for name in reversed(ORDER[mode]):
         seconds = timing.get(name, 0.0)
@@ -277,6 +282,7 @@ def main() -> None:
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--steps", type=int, default=6, help="steps per run (the first is warm-up)")
     parser.add_argument("--smollm2-steps", type=int, default=4, help="SmolLM2 steps (the first is warm-up)")
+    parser.add_argument("--modes", nargs="+", default=list(ORDER), choices=sorted(ORDER))
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_colocate-") as tmp:
@@ -295,7 +301,7 @@ def main() -> None:
                 overrides["data.train_files"], overrides["data.val_files"] = assets.train_files, assets.val_files
                 steps = args.smollm2_steps
             for threads in args.threads:
-                for mode in ("sync", "colocate_async"):
+                for mode in args.modes:
                     work = tempfile.mkdtemp(dir=tmp)
                     row = summarize(workload, mode, threads, run(work, mode, threads, steps, overrides))
                     rows.append(row)

@@ -42,7 +42,9 @@ def test_lag1_keeps_the_bound_and_reproduces_itself(async_runs):
         assert data["weight_sync/buckets"] >= 1 and data["timing_s/param_sync"] == data["timing_s/update_weights"]
         assert 0 <= data["trainer/idle_ratio"] <= 1 and 0 <= data["rollouter/idle_ratio"] <= 1
         assert data["fully_async/count/queue_groups"] <= 2 * 16  # at most max_lag + 1 batches in the queue
-    assert_same_steps(steps(async_runs["separate_lag1_again"].records), steps(async_runs["separate_lag1"].records))
+    # the queue's length when the trainer takes depends on timing (fully_async/count/queue_*): compared without
+    again, first = (without_async_only(steps(async_runs[f"separate_{run}"].records)) for run in ("lag1_again", "lag1"))
+    assert_same_steps(again, first)
 
 
 def test_every_sample_is_trained_once_in_the_loader_order(async_runs):
@@ -54,9 +56,9 @@ def test_every_sample_is_trained_once_in_the_loader_order(async_runs):
 
 
 def test_a_resumed_run_logs_what_the_uninterrupted_one_logs(async_runs):
-    resumed = steps(async_runs["separate_resumed"].records)
+    resumed = without_async_only(steps(async_runs["separate_resumed"].records))
     assert sorted(resumed) == [2, 3]
-    assert_same_steps(resumed, steps(async_runs["separate_lag1"].records))
+    assert_same_steps(resumed, without_async_only(steps(async_runs["separate_lag1"].records)))
 
 
 @pytest.mark.vllm
