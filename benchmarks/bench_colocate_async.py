@@ -111,7 +111,8 @@ class CpuSampler(threading.Thread):
     def __init__(self, root: int, period: float = 0.2) -> None:
         super().__init__(daemon=True)
         self.root, self.period = root, period
-        self.samples: list[tuple[float, dict[str, float]]] = []
+        self.samples: list[tuple[float, dict[int, float]]] = []  # (moment, CPU seconds by pid)
+        self.pid_kinds: dict[int, str] = {}
         self.stop = threading.Event()
 
     def kinds(self) -> dict[int, str]:
@@ -129,28 +130,30 @@ class CpuSampler(threading.Thread):
         return out
 
     def run(self) -> None:
-        kinds: dict[int, str] = {}
         last: dict[int, float] = {}  # a process that exited keeps its last CPU time
         while not self.stop.is_set():
-            if len(self.samples) % 25 == 0:
-                kinds.update(self.kinds())  # workers start late: look again every 5 s
-            for pid in kinds:
+            if len(self.samples) % 25 == 0:  # workers start late (and take their Ray titles late): look every 5 s
+                for pid, kind in self.kinds().items():  # a process keeps the first worker title it is seen with
+                    if self.pid_kinds.get(pid, "other") == "other":
+                        self.pid_kinds[pid] = kind
+            for pid in self.pid_kinds:
                 seconds = cpu_seconds(pid)
                 if seconds is not None:
                     last[pid] = seconds
-            totals: dict[str, float] = defaultdict(float)
-            for pid, seconds in last.items():
-                totals[kinds[pid]] += seconds
-            self.samples.append((time.monotonic(), dict(totals)))
+            self.samples.append((time.monotonic(), dict(last)))
             self.stop.wait(self.period)
 
     def cpu_between(self, start: float, end: float) -> dict[str, float]:
-        """CPU seconds per kind of process between two moments (from the nearest samples)."""
+        """CPU seconds per kind of process between two moments (from the nearest samples; each process counted
+        under one kind for the whole run, so a worker that took its Ray title late is not split in two)."""
         before = max((s for s in self.samples if s[0] <= start), default=None, key=lambda s: s[0])
         after = min((s for s in self.samples if s[0] >= end), default=None, key=lambda s: s[0])
         if before is None or after is None:
             return {}
-        return {kind: after[1].get(kind, 0.0) - before[1].get(kind, 0.0) for kind in after[1]}
+        out: dict[str, float] = defaultdict(float)
+        for pid, seconds in after[1].items():
+            out[self.pid_kinds.get(pid, "other")] += seconds - before[1].get(pid, 0.0)
+        return dict(out)
 
 
 def run(workdir: str, mode: str, threads: int, steps: int, overrides: dict[str, str]) -> dict:
