@@ -305,11 +305,14 @@ class SeparateAsyncRolloutSource(RolloutSource):
         self._drawn = None if state["drawn"] is None else Drawn(**state["drawn"])
 
     def close(self) -> None:
-        """Stop the rollouter (a chunk in flight finishes first)."""
+        """Stop the rollouter: a chunk in flight may finish within a minute; after that the run ends without it (the
+        thread is a daemon: a chunk stuck on a dead worker never holds the run)."""
         with self._cv:
             self._closing = True
             self._cv.notify_all()
         if self.queue is not None:
             self.queue.close()
         if self._thread is not None:
-            self._thread.join(timeout=600)
+            self._thread.join(timeout=60)
+            if self._thread.is_alive():
+                logger.warning("separate_async: the rollouter's chunk in flight did not finish; leaving it behind")
