@@ -1,0 +1,103 @@
+"""The rules of the async trainer modes, checked with the rest of the config by
+:func:`verl.trainer.config.validate.validate_config`: ``async_training.*`` against ``trainer.mode``, the top-level
+``rollout`` pool and ``actor_rollout_ref.hybrid_engine`` (what ``separate_async`` reads)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from verl.trainer.config.async_training import AsyncTrainingConfig
+from verl.trainer.config.derived import ASYNC_MODES, ROLLOUT_POOL_DEFAULTS, async_training_config
+
+__all__ = ["check_async_training"]
+
+logger = logging.getLogger(__name__)
+
+
+def check_async_training(config: Any, mode: str, problems: list[str]) -> None:
+    """``async_training.*`` against ``trainer.mode`` (the keys' meanings: `AsyncTrainingConfig`), the rollout pool
+    and ``actor_rollout_ref.hybrid_engine``; each problem appended to ``problems``."""
+    try:
+        settings = async_training_config(config)
+    except (ValueError, TypeError) as e:
+        problems.append(str(e))
+        return
+    if settings.partial_rollout:
+        problems.append(
+            "async_training.partial_rollout=true (abort and resume the requests in flight at a weight push) is not "
+            "available yet; set it false: separate_async stages each push and keeps generating with the weights "
+            "the bound gives each group"
+        )
+    if settings.trigger_parameter_sync_step != 1:
+        problems.append(
+            f"async_training.trigger_parameter_sync_step={settings.trigger_parameter_sync_step}: trainer.mode={mode} "
+            "pushes the weights after every update (1)"
+            + ("; generating with older weights is an async mode" if mode == "sync" else "; set it to 1")
+        )
+    reward_model = config.get("reward_model") or {}
+    if mode in ASYNC_MODES and reward_model.get("enable") and not reward_model.get("enable_resource_pool"):
+        problems.append(
+            f"reward_model.enable=true with trainer.mode={mode}: the reward model scores each batch on the "
+            "generation thread while the training workers update, so it cannot share their processes; set "
+            "reward_model.enable_resource_pool=true (with reward_model.n_gpus_per_node / nnodes)"
+        )
+    _separate_pool(config, mode, problems)
+    if mode == "separate_async" and (config.algorithm.get("filter_groups") or {}).get("enable", False):
+        problems.append(
+            "algorithm.filter_groups.enable=true with trainer.mode=separate_async: the trainer takes whole training "
+            "batches from the sample queue, with no rollout filter yet; use trainer.mode=sync or colocate_async"
+        )
+    if mode == "colocate_async" and settings.staleness_threshold is not None:
+        logger.warning(
+            "async_training.staleness_threshold=%s: no effect with trainer.mode=colocate_async, whose bound is "
+            "async_training.max_lag=%d (batches generated ahead, each from one weight version)",
+            settings.staleness_threshold,
+            settings.max_lag,
+        )
+    if mode == "sync":
+        defaults = AsyncTrainingConfig()
+        ignored = [
+            f"{k}={getattr(settings, k)}"
+            for k in ("max_lag", "staleness_threshold")
+            if getattr(settings, k) != getattr(defaults, k)
+        ]
+        if ignored:
+            logger.warning(
+                "async_training.%s: no effect with trainer.mode=sync, which always trains on the newest weights "
+                "(lag 0)",
+                ", async_training.".join(ignored),
+            )
+    if settings.require_batches is not None:
+        mini, batch = config.actor_rollout_ref.actor.ppo_mini_batch_size, config.data.train_batch_size
+        if settings.require_batches * mini != batch:
+            problems.append(
+                f"async_training.require_batches={settings.require_batches} × actor_rollout_ref.actor."
+                f"ppo_mini_batch_size={mini} = {settings.require_batches * mini} prompts per step, but "
+                f"data.train_batch_size={batch}: the trainer takes data.train_batch_size prompts per step; make them "
+                "agree or leave require_batches null"
+            )
+
+
+def _separate_pool(config: Any, mode: str, problems: list[str]) -> None:
+    """The top-level ``rollout`` pool and ``actor_rollout_ref.hybrid_engine``: what ``separate_async`` reads."""
+    pool = config.get("rollout") or {}
+    hybrid = config.actor_rollout_ref.get("hybrid_engine", True)
+    if mode != "separate_async":
+        if hybrid is False:
+            problems.append(
+                f"actor_rollout_ref.hybrid_engine=false with trainer.mode={mode}: rollout engines apart from the "
+                "training workers, on a pool of their own, are trainer.mode=separate_async; else leave it true"
+            )
+        changed = {k: pool[k] for k, default in ROLLOUT_POOL_DEFAULTS.items() if pool.get(k, default) != default}
+        if changed:
+            logger.warning(
+                "rollout.%s: no effect with trainer.mode=%s (the rollout pool of trainer.mode=separate_async)",
+                ", rollout.".join(f"{k}={v}" for k, v in changed.items()),
+                mode,
+            )
+        return
+    for key in ROLLOUT_POOL_DEFAULTS:
+        value = pool.get(key, ROLLOUT_POOL_DEFAULTS[key])
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            problems.append(f"rollout.{key}={value!r}: the rollout servers' pool needs an integer >= 1")
