@@ -146,9 +146,9 @@ class SampleQueue:
 
     def take(self, timeout: float | None = None, advance: bool = True) -> list[QueuedGroup] | None:
         """The first ``batch_groups`` places once all are filled, in reservation order; None when the rollouter
-        ended (:meth:`end`) with fewer left. ``advance``: the batch is a whole step's, trained before the next push
-        (:meth:`advance` at once); a step that takes several batches advances after the last (TimeoutError /
-        QueueClosed as :meth:`reserve`)."""
+        ended (:meth:`end`) with fewer left. ``advance``: the batch is trained before a push, so a place granted
+        from now on counts on the next version (false in a step without a push) (TimeoutError / QueueClosed as
+        :meth:`reserve`)."""
         count = self.batch_groups
         with self._cv:
             self.take_wait_s += self._wait(
@@ -166,13 +166,6 @@ class SampleQueue:
 
     def _head(self, count: int) -> list[QueuedGroup]:
         return [self._places[i] for i in range(count)]
-
-    def advance(self) -> None:
-        """The step's batch is complete: the next batch is trained after its push, and a place granted from now on
-        counts on that version."""
-        with self._cv:
-            self.trainer_version += 1
-            self._cv.notify_all()
 
     def end(self) -> None:
         """The rollouter generates no more groups (the data ran out): :meth:`take` returns None when it lacks
