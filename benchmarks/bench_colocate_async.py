@@ -1,8 +1,11 @@
-"""``trainer.mode=sync`` against ``trainer.mode=colocate_async`` and ``separate_async`` (lag 1) on a
-generation-heavy GRPO workload: steps/s, per-stage seconds, and the CPU each process uses, overall and per stage.
+"""``trainer.mode=sync`` against ``trainer.mode=colocate_async`` and ``separate_async`` (lag 1; without and with
+partial rollout) on a generation-heavy GRPO workload: steps/s, per-stage seconds, each pool's idle share, the
+staleness, and the CPU each process uses, overall and per stage.
 
     python benchmarks/bench_colocate_async.py [--workload tiny smollm2] [--threads 1 2] [--steps 6]
-        [--modes sync colocate_async separate_async]
+        [--modes sync colocate_async separate_async separate_async_partial]
+
+``separate_async_partial`` is ``trainer.mode=separate_async`` with ``async_training.partial_rollout=true``.
 
 Each run is the real entry point, ``python -m verl.trainer.main_ppo``, in a subprocess with one training worker
 (sync: the hybrid engine in that process; colocate_async: plus a resident rollout server in its own process on the
@@ -53,6 +56,13 @@ ORDER = {  # the stages of a step as the trainer runs them (the first stage of c
     "sync": ("gen", "reward", "old_log_prob", "adv", "update_actor", "update_weights"),
     "colocate_async": ("wait_batch", "old_log_prob", "adv", "update_actor", "wait_push", "update_weights"),
     "separate_async": ("wait_batch", "old_log_prob", "adv", "update_actor", "update_weights"),
+    "separate_async_partial": ("wait_batch", "old_log_prob", "adv", "update_actor", "update_weights"),
+}
+MODE_KEYS = {  # a benchmark mode → its trainer keys
+    "sync": {"trainer.mode": "sync"},
+    "colocate_async": {"trainer.mode": "colocate_async"},
+    "separate_async": {"trainer.mode": "separate_async"},
+    "separate_async_partial": {"trainer.mode": "separate_async", "async_training.partial_rollout": "true"},
 }
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -168,7 +178,7 @@ def run(workdir: str, mode: str, threads: int, steps: int, overrides: dict[str, 
     )
     keys = {
         **overrides,
-        "trainer.mode": mode,
+        **MODE_KEYS[mode],
         "trainer.logger": "[file]",
         "hydra.run.dir": os.path.join(workdir, "hydra"),
         "trainer.default_local_dir": os.path.join(workdir, "ckpt"),
@@ -201,7 +211,7 @@ def stage_windows(mode: str, record: dict, end: float) -> list[tuple[str, float,
     timing = {k.removeprefix("timing_s/"): v for k, v in record.items() if k.startswith("timing_s/")}
     if mode == "colocate_async":  # at lag 1 a step's batch is done before the previous push: the wait is the push's
         timing["wait_batch"], timing["wait_push"] = 0.0, timing.get("wait_rollout", 0.0)
-    elif mode == "separate_async":  # the push never waits: the trainer waits only for its groups
+    elif mode.startswith("separate_async"):  # the push never waits: the trainer waits only for its groups
         timing["wait_batch"] = timing.get("wait_rollout", 0.0)
     windows, cursor = [], end
     for name in reversed(ORDER[mode]):
@@ -237,6 +247,15 @@ def summarize(label: str, mode: str, threads: int, result: dict) -> dict:
     }
     stages = {name: median(f"timing_s/{name}") for name in ("gen", "old_log_prob", "update_actor", "update_weights")}
     stages["wait_rollout"] = median("timing_s/wait_rollout")
+    pools = {
+        key: median(metric)
+        for key, metric in (
+            ("trainer_idle", "trainer/idle_ratio"),
+            ("rollouter_idle", "rollouter/idle_ratio"),
+            ("staleness", "async/staleness/mean"),
+            ("partial", "fully_async/partial/partial_ratio"),
+        )
+    }
     return {
         "label": label,
         "mode": mode,
@@ -245,6 +264,7 @@ def summarize(label: str, mode: str, threads: int, result: dict) -> dict:
         "step_s": median("timing_s/step"),
         "steps_per_s": len(timed) / (end - start),
         "stages": stages,
+        "pools": pools,
         "cores": {kind: seconds / (end - start) for kind, seconds in cpu.items()},
         "stage_cores": stage_cores,
         "gen_share": median("timing_s/gen") / median("timing_s/step") if mode == "sync" else float("nan"),
@@ -267,6 +287,17 @@ def print_tables(rows: list[dict]) -> None:
             f"| {r['label']} | {r['threads']} | {r['mode']} | {r['step_s']:.2f} | {r['steps_per_s']:.3f} | "
             f"{speed:.2f}× | {s['gen']:.2f} | {s['old_log_prob']:.2f} | {s['update_actor']:.2f} | "
             f"{s['update_weights']:.2f} | {s['wait_rollout']:.2f} | {share} |"
+        )
+    print("\nEach pool's idle share of the step, the staleness (versions), the share of partial samples:\n")
+    print("| workload | threads | mode | trainer idle | rollouter idle | staleness mean | partial ratio |")
+    print("|---|---:|---|---:|---:|---:|---:|")
+    for r in rows:
+        if r["mode"] == "sync":
+            continue
+        p = r["pools"]
+        print(
+            f"| {r['label']} | {r['threads']} | {r['mode']} | {p['trainer_idle']:.2f} | {p['rollouter_idle']:.2f} | "
+            f"{p['staleness']:.2f} | {p['partial']:.2f} |"
         )
     kinds = [*dict.fromkeys(PROCESSES.values()), "other"]
     print("\nCPU cores used per process over the timed steps, and per stage:\n")

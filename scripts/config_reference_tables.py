@@ -71,6 +71,9 @@ DESCRIPTIONS: dict[str, str] = {
     "effect in the other modes (a value other than 1 warns).",
     "rollout.n_gpus_per_node": "`trainer.mode=separate_async`: rollout servers per node of that pool (one per GPU; "
     "CPU processes without GPUs); no effect in the other modes (a value other than 1 warns).",
+    "rollout.custom_resources": "`trainer.mode=separate_async`: Ray custom resources each bundle of the rollout "
+    "pool asks for (e.g. `{rollout_pool: 1}`): the servers go to nodes started with them (`ray start "
+    "--resources='{\"rollout_pool\": 8}'`). null: wherever Ray places them.",
     "reward_model.strategy": "Training-engine strategy of the reward model (`fsdp`).",
     "reward_model.model.input_tokenizer": "Tokenizer of the policy, used to re-tokenize responses when the reward "
     "model's tokenizer differs.",
@@ -149,6 +152,8 @@ DESCRIPTIONS: dict[str, str] = {
     "trainer.nnodes": "Nodes of the worker pool.",
     "trainer.n_gpus_per_node": "Worker processes per node: one per GPU, or, on a machine without GPUs, the number "
     "of CPU workers.",
+    "trainer.custom_resources": "Ray custom resources each bundle of the training pool (`global_pool`) asks "
+    "for (e.g. `{train_pool: 1}`): its workers go to nodes started with them. null: wherever Ray places them.",
     "trainer.save_freq": "Save a checkpoint every this many steps (and at the last one); -1 or 0: never.",
     "trainer.esi_redundant_time": "Seconds before an elastic instance expires at which to save a checkpoint.",
     "trainer.resume_mode": "`auto` (the step in `latest_checkpointed_iteration.txt`; none: from scratch), `disable` "
@@ -193,6 +198,9 @@ DESCRIPTIONS: dict[str, str] = {
     "transfer_queue.enable": "Move batches between roles through veRL's TransferQueue instead of the driver.",
     "ray_kwargs.ray_init.num_cpus": "Logical CPUs `ray.init` starts with; null: enough for the workers the job "
     "places (when verl starts Ray itself).",
+    "ray_kwargs.ray_init.address": "The Ray cluster to join (`ray start --head` printed it; `auto`: the one on this "
+    "machine); null: the `RAY_ADDRESS` environment variable, else a cluster of its own on this machine. When joining, "
+    "`num_cpus` is the cluster's.",
     "ray_kwargs.timeline_json_file": "Write a Ray timeline to this file.",
 }
 
@@ -203,6 +211,9 @@ OURS: dict[str, str] = {
     "async_training.default_rollout_is": "veRL leaves the correction to `algorithm.rollout_correction`; ours turns "
     "token-level truncated IS on in an async mode at lag > 0 when that section asks for none.",
     "trainer.device": "",
+    "trainer.custom_resources": "",
+    "ray_kwargs.ray_init.address": "",
+    "rollout.custom_resources": "",
     "reward_model.timeout_s": "",
     "data.filter_malformed_rows": "",
     "actor_rollout_ref.rollout.seed": "every sample draws from its own generator seeded by (seed, step, prompt "
@@ -260,8 +271,8 @@ DIFFERENCES: dict[str, str] = {
     "`trainer.mode=sync` and `colocate_async` refuse any other value.",
     "async_training.require_batches": "veRL's default is 1 (the trainer batch in mini-batches); ours is null: the "
     "trainer takes `data.train_batch_size` prompts, and a value that disagrees with it is an error.",
-    "async_training.partial_rollout": "veRL's default is true; ours is false, and true is refused: partial rollout "
-    "is not built yet.",
+    "async_training.partial_rollout": "veRL's default is true; ours is false. The requests are aborted and resumed "
+    "inside the rollout server (no partial output goes back to the agent loop); refused outside `separate_async`.",
     "async_training.use_rollout_log_probs": "veRL's default is true; ours is false (the old log-probs are recomputed). "
     "True is `algorithm.rollout_correction.bypass_mode=true` in every mode.",
 }

@@ -52,7 +52,7 @@ def data() -> dict[str, Any]:
 def rollout_pool() -> dict[str, Any]:
     """Top-level ``rollout``: the pool of the rollout servers in ``trainer.mode=separate_async`` (veRL's fully-async
     and one-step-off-policy keys)."""
-    return {"nnodes": 1, "n_gpus_per_node": 1}
+    return {"nnodes": 1, "n_gpus_per_node": 1, "custom_resources": None}
 
 
 def reward_model() -> dict[str, Any]:
@@ -131,6 +131,7 @@ def trainer() -> dict[str, Any]:
         "validation_data_dir": None,
         "nnodes": 1,
         "n_gpus_per_node": 8,
+        "custom_resources": None,
         "save_freq": -1,
         "esi_redundant_time": 0,
         "resume_mode": "auto",
@@ -185,4 +186,4 @@ def transfer_queue() -> dict[str, Any]:
 
 def ray_kwargs() -> dict[str, Any]:
     """``ray_kwargs``."""
-    return {"ray_init": {"num_cpus": None}, "timeline_json_file": None}
+    return {"ray_init": {"num_cpus": None, "address": None}, "timeline_json_file": None}

@@ -10,13 +10,21 @@ All runs train PPO with a critic (GAE) and a KL loss (the reference policy runs 
   ``colocate_lag1_again`` / ``colocate_resumed`` (from ``colocate_lag1``'s step-1 checkpoint).
 - ``separate_lag0`` / ``separate_lag1`` (1 training worker, a rollout pool of 2 servers, every push verified) /
   ``separate_lag1_again`` / ``separate_resumed`` (from ``separate_lag1``'s step-1 checkpoint).
+- ``separate_partial``: partial rollout on two Ray nodes of this machine (``tests/trainer/ray_nodes.py``), the
+  training worker placed on the node that offers ``train_pool``, the rollout server on the one that offers
+  ``rollout_pool``; generation is made slower than training (one request at a time, 32 tokens each), so pushes
+  land while the server generates. The nodes' resources are written to ``nodes.json`` in its folder.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+from tests.trainer.ray_nodes import two_nodes
 from tests.trainer.test_main_ppo import MainRuns, Prepared, main_run, run_concurrently
 
 COMMON = [
@@ -38,9 +46,20 @@ SEPARATE = [
     "rollout.n_gpus_per_node=2",  # the rollout pool: 2 servers; training: 1 worker
     "trainer.save_freq=1",
 ]
+PARTIAL = [
+    *COMMON,
+    "trainer.mode=separate_async",
+    "async_training.partial_rollout=true",
+    "trainer.n_gpus_per_node=1",
+    "trainer.custom_resources={train_pool: 1}",
+    "rollout.custom_resources={rollout_pool: 1}",
+    "data.max_response_length=32",
+    "actor_rollout_ref.rollout.ignore_eos=true",
+    "actor_rollout_ref.rollout.max_num_seqs=1",  # generation slower than training: pushes land mid-generation
+]
 VERIFIED = {"VERL_VERIFY_WEIGHT_SYNC": "1"}  # every push checked bit for bit in the servers
 WAVES = (
-    ["sync", "colocate_lag0", "colocate_lag1", "separate_lag0", "separate_lag1"],
+    ["separate_partial", "sync", "colocate_lag0", "colocate_lag1", "separate_lag0", "separate_lag1"],
     ["colocate_lag1_again", "colocate_resumed", "separate_lag1_again", "separate_resumed"],
 )
 
@@ -93,9 +112,28 @@ def _separate_lag1_again(work: Path) -> Prepared:
     return SEPARATE, {}
 
 
+def node_resources(address: str) -> dict[str, dict]:
+    """Node id → resources of the Ray cluster at ``address`` (asked from a child process)."""
+    code = (
+        "import json, ray; ray.init(address=%r, log_to_driver=False); "
+        "print(json.dumps({n['NodeID']: n['Resources'] for n in ray.nodes() if n['Alive']}))"
+    )
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    out = subprocess.run([sys.executable, "-c", code % address], capture_output=True, text=True, env=env, timeout=60)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def run_async_modes(tmp_path_factory) -> MainRuns:
     """Every run above; the resumed ones start from step 1's checkpoint of their mode's lag-1 run."""
-    done = run_concurrently(WAVES[0], tmp_path_factory)
+    nodes_dir = tmp_path_factory.mktemp("ray_nodes")
+    with two_nodes(nodes_dir) as address:
+
+        @main_run("separate_partial")
+        def _separate_partial(work: Path) -> Prepared:
+            (work / "nodes.json").write_text(json.dumps(node_resources(address)))
+            return [*PARTIAL, *dumped(work)], {"RAY_ADDRESS": address}
+
+        done = run_concurrently(WAVES[0], tmp_path_factory)
     for mode, args in (("colocate", COLOCATE), ("separate", SEPARATE)):
         checkpoint = done[f"{mode}_lag1"].work / "ckpt" / "global_step_1"
 

@@ -9,17 +9,31 @@ contract:
 - sample accounting: the samples each step trains (as the run dumps them) are those ``sync`` trains at that step,
   from the data loader's order — nothing lost, nothing trained twice — in the lag-1 run and in a run resumed from
   its step-1 checkpoint (which holds the groups generated ahead), whose steps 2 and 3 log exactly the uninterrupted
-  run's metrics.
+  run's metrics;
+- partial rollout, on two Ray nodes (training on one, the rollout server on the other): pushes reach requests in
+  flight, which resume with the new weights; every token still within the bound, every sample trained once;
+- a rollout server killed mid-run ends the run within 30 s, naming the dead server's role, rank and node; the run
+  restarted with ``trainer.resume_mode=auto`` finishes and, over both runs, every sample is trained once.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from types import SimpleNamespace
+
 import pytest
 
-from tests.trainer.async_runs import trained_samples
+from tests.trainer.async_runs import SEPARATE, dumped, trained_samples
 from tests.trainer.test_checkpoint_resume import assert_same_steps, steps
 from tests.trainer.test_colocate_async import logged, without_async_only
-from tests.trainer.test_main_ppo import POOL_TIMEOUT_S, run_main
+from tests.trainer.test_main_ppo import POOL_TIMEOUT_S, main_command, run_main
+
+PLACED = re.compile(r"role (\w+) rank (\d+): node \S+ \(id ([0-9a-f]{12})\), pid (\d+)")
 
 pytestmark = pytest.mark.timeout(POOL_TIMEOUT_S)
 
@@ -59,6 +73,76 @@ def test_a_resumed_run_logs_what_the_uninterrupted_one_logs(async_runs):
     resumed = without_async_only(steps(async_runs["separate_resumed"].records))
     assert sorted(resumed) == [2, 3]
     assert_same_steps(resumed, without_async_only(steps(async_runs["separate_lag1"].records)))
+
+
+def placed(output: str) -> dict[tuple[str, int], tuple[str, int]]:
+    """(role, rank) → (node id prefix, pid), from the trainer's ``placement:`` log line."""
+    return {(role, int(rank)): (node, int(pid)) for role, rank, node, pid in PLACED.findall(output)}
+
+
+def test_partial_rollout_across_two_nodes_keeps_the_bound_and_the_accounting(async_runs):
+    run = async_runs["separate_partial"]
+    where = placed(run.output)
+    train_node, rollout_node = where[("actor_rollout", 0)][0], where[("rollout", 0)][0]
+    assert train_node != rollout_node  # two Ray nodes, each pool placed by its custom resource
+    nodes = json.loads((run.work / "nodes.json").read_text())
+    assert [n for n, r in nodes.items() if "train_pool" in r][0].startswith(train_node)
+    assert [n for n, r in nodes.items() if "rollout_pool" in r][0].startswith(rollout_node)
+    records = logged(run.records)
+    assert [d["async/weight_version"] for d in records] == [0, 1, 2]
+    # per token: no token older than max_lag = 1 versions, whatever the push reached
+    assert [d["async/staleness/max"] for d in records] == [0, 1, 1]
+    assert all(d["response/aborted_ratio"] == 0 for d in records)  # every aborted request was resumed
+    # generation is slower than training here: the pushes reach requests in flight, which resume with the new
+    # weights (their first tokens from one version, the rest from the next)
+    later = records[1:]
+    assert sum(d["fully_async/partial/resumed_requests"] for d in later) >= 1
+    assert all(d["fully_async/partial/max_partial_span"] <= 1 for d in later)
+    assert all(
+        0 < d["fully_async/partial/partial_ratio"] < 1 for d in later if d["fully_async/partial/total_partial_num"]
+    )
+    assert any(d["async/staleness/mean"] < 1 for d in later)  # groups begun after a push are fresher
+    assert trained_samples(run) == trained_samples(async_runs["sync"])
+
+
+def _run_until_killed(work, args: list[str]) -> tuple[int, str, float]:
+    """Start the CLI, kill rollout server 0 once step 1's checkpoint is saved; returns (exit code, output, seconds
+    from the kill to the exit)."""
+    argv, environ, _ = main_command(work, *args)
+    log = work / "killed.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, env=environ, cwd=work, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + 300
+        while not (work / "ckpt" / "global_step_1").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+        pid = placed(log.read_text())[("rollout", 0)][1]
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        proc.wait(timeout=120)
+        return proc.returncode, log.read_text(), time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.mark.timeout(POOL_TIMEOUT_S)
+def test_a_killed_rollout_server_is_named_and_a_resumed_run_trains_every_sample_once(async_runs, tmp_path):
+    slow = ["data.max_response_length=32", "actor_rollout_ref.rollout.ignore_eos=true"]
+    args = [*SEPARATE, *slow, "actor_rollout_ref.rollout.max_num_seqs=1", *dumped(tmp_path)]
+    code, output, seconds = _run_until_killed(tmp_path, args)
+    assert code != 0, output[-3000:]
+    assert seconds < 30, output[-3000:]
+    named = re.search(r"died: role rollout rank 0 on node \S+ \(id [0-9a-f]{12}\)", output)
+    assert named, output[-5000:]
+    code, output, records = run_main(tmp_path, *args, "trainer.resume_mode=auto", name="resumed")
+    assert code == 0, output[-3000:]
+    assert logged(records)[-1]["training/global_step"] == 3
+    assert trained_samples(SimpleNamespace(work=tmp_path)) == trained_samples(async_runs["sync"])
 
 
 @pytest.mark.vllm

@@ -190,7 +190,9 @@ class TaskRunner:
                 raise ValueError("reward_model.enable_resource_pool needs reward_model.n_gpus_per_node and nnodes > 0")
             spec[REWARD_POOL] = [rm.n_gpus_per_node] * rm.nnodes
         use_gpu = config.trainer.get("device", "auto") != "cpu"
-        return ResourcePoolManager(spec, self.mapping, use_gpu=use_gpu)
+        resources = {GLOBAL_POOL: config.trainer.get("custom_resources"), ROLLOUT_POOL: _rollout_resources(config)}
+        resources = {pool: dict(r) for pool, r in resources.items() if r}
+        return ResourcePoolManager(spec, self.mapping, use_gpu=use_gpu, custom_resources=resources)
 
     def run(self, config: DictConfig) -> None:
         """Build everything from ``config`` and train with :attr:`trainer_class`."""
@@ -252,6 +254,10 @@ def _import_external_lib(config: DictConfig) -> None:
     import_external_libs([name for name in names if is_package_available(name)])
 
 
+def _rollout_resources(config: DictConfig) -> Any:
+    return (config.get("rollout") or {}).get("custom_resources")
+
+
 def _worker_env() -> dict[str, str]:
     """Environment for the Ray workers: verl's own ``VERL_*`` settings travel with the job."""
     env = {"TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_MODE": "disabled"}
@@ -271,7 +277,8 @@ def run_ppo(config: DictConfig, task_runner_class: Any = None, schema: DictConfi
     if not ray.is_initialized():
         ray_init = OmegaConf.to_container(config.ray_kwargs.ray_init, resolve=True) or {}
         ray_init = {k: v for k, v in ray_init.items() if v is not None}
-        ray_init.setdefault("num_cpus", required_logical_cpus(world_size(config) + rollout_pool_size(config)))
+        if not ray_init.get("address") and not os.environ.get("RAY_ADDRESS"):  # a cluster of its own: size it
+            ray_init.setdefault("num_cpus", required_logical_cpus(world_size(config) + rollout_pool_size(config)))
         env = {
             "TOKENIZERS_PARALLELISM": "false",
             "RAY_AUTH_MODE": "disabled",

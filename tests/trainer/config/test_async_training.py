@@ -52,7 +52,7 @@ def test_the_bound_may_be_zero_and_a_threshold_within_it_is_accepted():
     ("overrides", "message"),
     [
         (["async_training.trigger_parameter_sync_step=4"], "trainer.mode=sync pushes the weights after every update"),
-        (["async_training.partial_rollout=true"], "partial_rollout=true .* is not available yet"),
+        (["async_training.partial_rollout=true"], "partial_rollout=true .* with trainer.mode=sync: only"),
         (["async_training.require_batches=3"], "require_batches=3 × actor_rollout_ref.actor.ppo_mini_batch_size=4"),
         (["async_training.max_lag=-2"], "async_training.max_lag=-2 must be an integer >= 0"),
         (["async_training.bogus=1"], "unknown key 'async_training.bogus'"),
@@ -87,7 +87,7 @@ COLOCATE = [*VALID, "trainer.mode=colocate_async"]
     ("overrides", "message"),
     [
         (["async_training.trigger_parameter_sync_step=2"], "trainer.mode=colocate_async pushes the weights after"),
-        (["async_training.partial_rollout=true"], "partial_rollout=true .* is not available yet"),
+        (["async_training.partial_rollout=true"], "partial_rollout=true .* with trainer.mode=colocate_async: only"),
         (["actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"], "backend='nccl': trainer.mode=colocate_async"),
         (["reward_model.enable=true"], "reward_model.enable=true with trainer.mode=colocate_async"),
     ],
@@ -131,7 +131,6 @@ SEPARATE = [*VALID, "trainer.mode=separate_async"]
     ("overrides", "message"),
     [
         (["async_training.trigger_parameter_sync_step=2"], "trainer.mode=separate_async pushes the weights after"),
-        (["async_training.partial_rollout=true"], "partial_rollout=true .* is not available yet"),
         (["actor_rollout_ref.rollout.checkpoint_engine.backend=shm"], "backend='shm': trainer.mode=separate_async"),
         (["reward_model.enable=true"], "reward_model.enable=true with trainer.mode=separate_async"),
         (["algorithm.filter_groups.enable=true"], "filter_groups.enable=true with trainer.mode=separate_async"),
@@ -147,6 +146,10 @@ def test_separate_async_refuses_by_name(overrides, message):
 def test_separate_async_accepts_verls_separate_pool_keys_and_pushes_over_gloo(caplog):
     verl_style = [*SEPARATE, "actor_rollout_ref.hybrid_engine=false", "rollout.nnodes=1", "rollout.n_gpus_per_node=2"]
     validate_config(merged(verl_style))
+    validate_config(merged([*verl_style, "async_training.partial_rollout=true"]))
+    with caplog.at_level(logging.WARNING, logger="verl.trainer.config"):
+        validate_config(merged([*verl_style, "async_training.partial_rollout=true", "async_training.max_lag=0"]))
+    assert "partial_rollout=true: no effect at async_training.max_lag=0" in caplog.text
     derived = with_derived_settings(merged(verl_style), total_steps=3)
     assert derived.actor_rollout_ref.rollout.checkpoint_engine.backend == "gloo"  # naive: the collective push
     assert derived.algorithm.rollout_correction.rollout_is == "token"

@@ -73,8 +73,10 @@ class RayResourcePool(ResourcePool):
         detached: bool = False,
         accelerator_type: str | None = None,
         placement_group_timeout_s: float | None = None,
+        custom_resources: dict[str, float] | None = None,
     ) -> None:
         super().__init__(process_on_nodes, max_colocate_count)
+        self.custom_resources = {str(k): float(v) for k, v in (custom_resources or {}).items()}
         self.use_gpu = use_gpu
         self.name_prefix = name_prefix or ""
         self.detached = detached
@@ -96,6 +98,7 @@ class RayResourcePool(ResourcePool):
             bundle["GPU"] = 1
             if self.accelerator_type:
                 bundle[f"accelerator_type:{self.accelerator_type}"] = 1e-4
+        bundle.update(self.custom_resources)  # node resources that place the pool (ray start --resources=...)
         return bundle
 
     def get_placement_groups(
@@ -328,6 +331,10 @@ class RayClassWithInitArgs(ClassWithInitArgs):
 _rendezvous_address = ray.remote(num_cpus=0)(node_ip_and_free_port)
 
 
+def _node_id(actor: Any) -> str:
+    return ray.get_runtime_context().get_node_id()
+
+
 def _rendezvous_on(pg: PlacementGroup, bundle_index: int = 0) -> tuple[str, int]:
     """The IP of the node holding bundle ``bundle_index`` of ``pg`` and a free port there (for rank 0's process
     group)."""
@@ -365,6 +372,7 @@ class RayWorkerGroup(WorkerGroup):
         self.ray_cls_with_init = ray_cls_with_init
         self._detached = detached
         self.resource_pool = resource_pool
+        self._worker_nodes: list[str] = []  # the node id of each rank's actor (empty: not known)
         if worker_handles is not None or worker_names is not None:
             if worker_handles is None:
                 worker_handles = [ray.get_actor(n) for n in worker_names]
@@ -382,6 +390,7 @@ class RayWorkerGroup(WorkerGroup):
         use_gpu = resource_pool.uses_gpu()
         share = 1.0 / resource_pool.max_colocate_count
         master_addr, master_port = _rendezvous_on(*slots[0])
+        nodes = {pg.id: ray.util.placement_group_table(pg)["bundles_to_node_id"] for pg, _ in slots}
         pg_index: dict[Any, int] = {}
         for rank, ((pg, bundle_idx), (local_world_size, local_rank)) in enumerate(zip(slots, _local_layout(slots))):
             pg_idx = pg_index.setdefault(pg.id, len(pg_index))
@@ -409,6 +418,7 @@ class RayWorkerGroup(WorkerGroup):
             )
             self._workers.append(actor)
             self._worker_names.append(name)
+            self._worker_nodes.append(nodes[pg.id][bundle_idx])
 
     @classmethod
     def from_detached(
@@ -445,6 +455,7 @@ class RayWorkerGroup(WorkerGroup):
             for full in names:
                 setattr(group, full[len(start) :], getattr(group, full))
             group.method_prefix = start  # the role's methods on the fused actors (e.g. its server methods)
+            group._worker_nodes = list(self._worker_nodes)
             spawned[prefix] = group
         return spawned
 
@@ -490,6 +501,20 @@ class RayWorkerGroup(WorkerGroup):
     def execute_rank_zero_sync(self, method_name: str, *args, **kwargs) -> Any:
         return self._wait(self.execute_rank_zero_async(method_name, *args, **kwargs), method_name, [0])
 
+    @property
+    def worker_nodes(self) -> list[str]:
+        """The Ray node id of each rank's actor (recorded at start; asked of the actors for a wrapped group)."""
+        if len(self._worker_nodes) != len(self._workers):
+            self._worker_nodes = ray.get([w.__ray_call__.remote(_node_id) for w in self._workers])
+        return list(self._worker_nodes)
+
+    def _where(self, rank: int) -> str:
+        if rank >= len(self._worker_nodes):
+            return ""
+        from verl.single_controller.ray.health import describe_node
+
+        return f", on {describe_node(self._worker_nodes[rank])}"
+
     def _wait(self, futures: Any, method_name: str, ranks: list[int]) -> Any:
         """``ray.get`` that returns as soon as any rank fails, naming the group, rank and method."""
         single = not isinstance(futures, list)
@@ -506,8 +531,8 @@ class RayWorkerGroup(WorkerGroup):
                     results[i] = ray.get(ref)
                 except RayActorError as e:
                     raise WorkerDiedError(
-                        f"worker group {self.name_prefix!r}: rank {rank} ({self._worker_names[rank]}) died while "
-                        f"running {method_name!r}: {e}"
+                        f"worker group {self.name_prefix!r}: rank {rank} ({self._worker_names[rank]}"
+                        f"{self._where(rank)}) died while running {method_name!r}: {e}"
                     ) from e
                 except RayTaskError as e:
                     if hasattr(e, "add_note"):

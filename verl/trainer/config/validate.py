@@ -197,8 +197,30 @@ def _trainer(config: Any, problems: list[str]) -> None:
             problems.append("trainer.device=cuda but no CUDA device is visible; use trainer.device=auto or cpu")
     if world_size(config) < 1:
         problems.append("trainer.n_gpus_per_node × trainer.nnodes must be at least 1")
+    for key, value in (
+        ("trainer.custom_resources", config.trainer.get("custom_resources")),
+        ("rollout.custom_resources", (config.get("rollout") or {}).get("custom_resources")),
+    ):
+        _custom_resources(key, value, problems)
     _resume(config.trainer, problems)
     check_async_training(config, mode, problems)
+
+
+def _custom_resources(key: str, value: Any, problems: list[str]) -> None:
+    """null, or a mapping of Ray custom resource names to amounts > 0 per bundle (not Ray's own CPU / GPU /
+    memory)."""
+    if value is None:
+        return
+    if not isinstance(value, Mapping) or not all(
+        isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in value.values()
+    ):
+        problems.append(f"{key}={value!r} must be null or a mapping of Ray resource names to amounts > 0")
+        return
+    reserved = sorted(set(map(str, value)) & {"CPU", "GPU", "memory", "object_store_memory"})
+    if reserved:
+        problems.append(
+            f"{key}: {reserved} are Ray's own resources; name custom node resources (ray start --resources)"
+        )
 
 
 def _resume(trainer: Any, problems: list[str]) -> None:

@@ -23,11 +23,16 @@ def check_async_training(config: Any, mode: str, problems: list[str]) -> None:
     except (ValueError, TypeError) as e:
         problems.append(str(e))
         return
-    if settings.partial_rollout:
+    if settings.partial_rollout and mode != "separate_async":
         problems.append(
-            "async_training.partial_rollout=true (abort and resume the requests in flight at a weight push) is not "
-            "available yet; set it false: separate_async stages each push and keeps generating with the weights "
-            "the bound gives each group"
+            f"async_training.partial_rollout=true (abort the requests in flight at a weight push and resume them with "
+            f"the new weights) with trainer.mode={mode}: only trainer.mode=separate_async, whose servers generate "
+            "while the trainer pushes, can; set it false"
+        )
+    elif settings.partial_rollout and settings.max_lag == 0:
+        logger.warning(
+            "async_training.partial_rollout=true: no effect at async_training.max_lag=0, where no push arrives while "
+            "the servers generate"
         )
     if settings.trigger_parameter_sync_step != 1:
         problems.append(

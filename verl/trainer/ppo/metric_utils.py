@@ -18,6 +18,7 @@ __all__ = [
     "bootstrap_metric",
     "calc_maj_val",
     "compute_data_metrics",
+    "compute_partial_rollout_metrics",
     "compute_staleness_metrics",
     "compute_throughout_metrics",
     "compute_timing_metrics",
@@ -51,11 +52,33 @@ def compute_staleness_metrics(batch: DataProto, weight_version: int) -> dict[str
     return metrics
 
 
+def compute_partial_rollout_metrics(batch: DataProto) -> dict[str, float]:
+    """veRL's ``fully_async/partial/{total_partial_num,partial_ratio,max_partial_span}``: the samples whose tokens
+    come from more than one weight version (a request resumed with newer weights), their share of the batch and the
+    widest span of versions in one sample; and ``fully_async/partial/resumed_requests``: how often the version
+    changes inside the samples' responses (each change is a request aborted at a push and resumed), from the
+    samples' ``weight_version_ranges``."""
+    ranges = batch.non_tensor_batch.get("weight_version_ranges")
+    samples = [sample for sample in ranges if len(sample)] if ranges is not None else []
+    if not samples:
+        return {}
+    spans = np.array([max(v for *_, v in s) - min(v for *_, v in s) for s in samples], dtype=np.float64)
+    changes = sum(sum(a[2] != b[2] for a, b in zip(s, s[1:])) for s in samples)
+    return {
+        "fully_async/partial/total_partial_num": float((spans > 0).sum()),
+        "fully_async/partial/partial_ratio": float((spans > 0).mean()),
+        "fully_async/partial/max_partial_span": float(spans.max()),
+        "fully_async/partial/resumed_requests": float(changes),
+    }
+
+
 def compute_data_metrics(batch: DataProto, use_critic: bool = True) -> dict[str, float]:
     """``critic/score/*`` (sequence sums of ``token_level_scores``), ``critic/rewards/*``, ``critic/advantages/*``,
     ``critic/returns/*``, ``critic/values/*`` and ``critic/vf_explained_var`` (with a critic), ``response_length/*``
-    (+ ``clip_ratio``), ``prompt_length/*`` (+ ``clip_ratio``), and ``num_turns/{min,max,mean}`` when the agent loops
-    recorded ``__num_turns__`` (and ``tool_call_counts/{min,max,mean}`` when the tool agent ran)."""
+    (+ ``clip_ratio``), ``response/aborted_ratio`` (samples with an empty response: aborted before their first token)
+    and ``response_length_non_aborted/*`` over the others, ``prompt_length/*`` (+ ``clip_ratio``), and
+    ``num_turns/{min,max,mean}`` when the agent loops recorded ``__num_turns__`` (and ``tool_call_counts/{min,max,
+    mean}`` when the tool agent ran)."""
     b = batch.batch
     response_mask = b["response_mask"].bool()
     max_response_length = b["responses"].shape[-1]
@@ -76,6 +99,12 @@ def compute_data_metrics(batch: DataProto, use_critic: bool = True) -> dict[str,
         metrics["critic/vf_explained_var"] = float(1.0 - torch.var(returns - values) / (variance + 1e-5))
     metrics.update(_stats("response_length", response_length))
     metrics["response_length/clip_ratio"] = float((response_length == max_response_length).float().mean())
+    aborted = response_length == 0  # veRL's reading: a request aborted before its first token
+    metrics["response/aborted_ratio"] = float(aborted.float().mean())
+    kept = response_length[~aborted]
+    if kept.numel():
+        metrics.update(_stats("response_length_non_aborted", kept))
+        metrics["response_length_non_aborted/clip_ratio"] = float((kept == max_response_length).float().mean())
     metrics.update(_stats("prompt_length", prompt_length))
     metrics["prompt_length/clip_ratio"] = float((prompt_length == max_prompt_length).float().mean())
     if "__num_turns__" in batch.non_tensor_batch:

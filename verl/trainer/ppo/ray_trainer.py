@@ -36,6 +36,7 @@ from verl.experimental.dataset.sampler import AbstractCurriculumSampler
 from verl.protocol import DataProto
 from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup, create_colocated_worker_cls
 from verl.single_controller.ray.base import WorkerDiedError
+from verl.single_controller.ray.health import placement, raise_if_workers_died
 from verl.trainer.config.derived import total_training_steps, uses_bypass_mode, with_derived_settings
 from verl.trainer.ppo.core_algos import AdvantageEstimator, compute_pf_ppo_reweight_data, get_kl_controller
 from verl.trainer.ppo.dynamic_sampling import StepState, accumulate_groups
@@ -254,6 +255,14 @@ class RayPPOTrainer(TrainerGeneration, TrainerCheckpointing, TrainerProfiling, G
             self.actor_rollout_wg.generate_sequences = self.rollout_wg.generate_sequences
         if self.config.actor_rollout_ref.rollout.get("skip_rollout", False):
             RolloutSkip(self.config, self.async_rollout_manager).wrap_generate_sequences()
+        logger.info("placement: %s", "; ".join(placement(self._worker_groups())))
+
+    def _worker_groups(self) -> dict[str, Any]:
+        """The run's worker groups by role (the rollout servers' when they are workers of their own)."""
+        groups = {"actor_rollout": self.actor_rollout_wg, "critic": self.critic_wg, "rm": self.rm_wg}
+        if self.rollout_wg is not self.actor_rollout_wg:
+            groups["rollout"] = self.rollout_wg
+        return groups
 
     # ------------------------------------------------------------------ stages
     def _compute_or_extract_reward(
@@ -422,6 +431,9 @@ class RayPPOTrainer(TrainerGeneration, TrainerCheckpointing, TrainerProfiling, G
                 self._data_hooks(batch)
                 tracker.log(metrics, step=self.global_steps)
                 progress.update(1)
+        except BaseException as error:  # a dead worker is named (role, rank, node), whoever noticed it first
+            raise_if_workers_died(self._worker_groups(), error)
+            raise
         finally:
             self.rollout_source.close()
             progress.close()

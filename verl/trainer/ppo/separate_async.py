@@ -27,10 +27,17 @@ driver, and the trainer's end of the :class:`~verl.trainer.ppo.sample_queue.Samp
   generated, untrained groups and the rest of the prompt batch drawn, so a resumed run trains what the
   uninterrupted one trains. The rollouter generates exactly the groups the remaining steps train: every prompt
   drawn is trained once. (No rollout filter yet: DAPO's dynamic sampling is refused in this mode.)
+- **Partial rollout** (``async_training.partial_rollout=true``): the servers load each push as soon as it is staged,
+  also in the middle of a chunk: the engine aborts its requests in flight between two decode steps, loads the new
+  weights and resumes them from their partial tokens (KV recomputed under the new weights; the tokens generated so
+  far keep their log-probs and their version, the random stream goes on). A chunk starts with the newest staged
+  version. Every token is then at least as new as the version its place was granted at, so the bound holds per
+  token and the sample accounting is unchanged; which tokens a push reaches depends on timing, so results do too.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import logging
@@ -44,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 from verl.protocol import DataProto
 from verl.trainer.config.derived import async_training_config
 from verl.trainer.ppo.dynamic_sampling import StepState
+from verl.trainer.ppo.metric_utils import compute_partial_rollout_metrics
 from verl.trainer.ppo.rollout_source import RolloutSource, register_rollout_source
 from verl.trainer.ppo.sample_queue import QueueClosed, QueuedGroup, SampleQueue
 
@@ -93,6 +101,7 @@ class SeparateAsyncRolloutSource(RolloutSource):
             )
         settings = async_training_config(trainer.config)
         self.max_lag = settings.max_lag
+        self.partial = settings.partial_rollout
         self.batch_groups = int(trainer.config.data.train_batch_size)
         threshold = settings.staleness_threshold
         self.capacity = None if threshold is None else math.ceil((1 + threshold) * self.batch_groups)
@@ -101,6 +110,8 @@ class SeparateAsyncRolloutSource(RolloutSource):
         self._drawn: Drawn | None = None
         self._next_index = 0
         self._engine_version: int | None = None  # what the servers' engines hold (None: not loaded by us yet)
+        self._load_lock = threading.Lock()
+        self._loader: concurrent.futures.ThreadPoolExecutor | None = None  # partial rollout: loads pushes at once
         self._thread: threading.Thread | None = None
         self._cv = threading.Condition()
         self._pause_until: float | None = None  # pause before generating a version >= this
@@ -131,6 +142,7 @@ class SeparateAsyncRolloutSource(RolloutSource):
                 step.metrics.setdefault(key, value)
         step.timing["wait_rollout"] = self.queue.take_wait_s - waited
         step.metrics.update(self.queue.metrics())
+        step.metrics.update(compute_partial_rollout_metrics(batch))
         return batch
 
     def _take(self, advance: bool) -> list[QueuedGroup] | None:
@@ -149,6 +161,8 @@ class SeparateAsyncRolloutSource(RolloutSource):
         assert self.queue is not None
         self.queue.on_weights(version)
         self.queue.on_rollout_weights(version)
+        if self._loader is not None:  # partial rollout: the servers switch now, between two decode steps
+            self._loader.submit(self._load_pushed, version)
         step = self._step
         if step is None:
             return
@@ -184,6 +198,8 @@ class SeparateAsyncRolloutSource(RolloutSource):
         self.queue.load_state_dict(self._loaded.get("queue", []))
         steps_left = trainer.total_training_steps - trainer.state.global_steps + 1  # this step included
         self._budget = max(0, steps_left * self.batch_groups - len(self.queue))  # exactly what the steps train
+        if self.partial:
+            self._loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="separate-weights")
         self._thread = threading.Thread(target=self._run, name="separate-rollouter", daemon=True)
         self._thread.start()
 
@@ -206,12 +222,18 @@ class SeparateAsyncRolloutSource(RolloutSource):
         except QueueClosed:
             return
         except BaseException as e:  # noqa: BLE001 — handed to the trainer, which raises it
-            e.add_note("in separate_async's rollouter")
-            logger.error("the rollouter failed: %r", e)
-            self._error = e
-            self.queue.close()
-            with self._cv:
-                self._cv.notify_all()
+            self._fail(e, "the rollouter")
+
+    def _fail(self, error: BaseException, where: str) -> None:
+        """Stop generating: the trainer raises ``error`` at its next take (or pause)."""
+        error.add_note(f"in separate_async's {where}")
+        logger.error("separate_async: %s failed: %r", where, error)
+        if self._error is None:
+            self._error = error
+        assert self.queue is not None
+        self.queue.close()
+        with self._cv:
+            self._cv.notify_all()
 
     def _draw(self) -> Drawn | None:
         prompts = self.trainer.prompts.next()
@@ -225,7 +247,8 @@ class SeparateAsyncRolloutSource(RolloutSource):
         """Generate and score the prompts of ``places`` (the next ones of ``drawn``) with their version; fill the
         places with their groups."""
         start = time.perf_counter()
-        self._load(places[0].version)
+        # partial rollout: the newest staged version (the bound only asks for the place's version or newer)
+        self._load(max(places[0].version, self.queue.rollout_version) if self.partial else places[0].version)
         chunk = drawn.prompts.slice(drawn.done, drawn.done + len(places))
         step = StepState(metrics={"training/epoch": drawn.epoch})
         batch = self.trainer._rollout(
@@ -243,10 +266,21 @@ class SeparateAsyncRolloutSource(RolloutSource):
             self._busy += time.perf_counter() - start
 
     def _load(self, version: int, drop_older: bool = True) -> None:
-        """Have the servers' engines generate with staged weight ``version``."""
-        if self._engine_version != version:
+        """Have the servers' engines generate with staged weight ``version`` (with partial rollout: or newer — the
+        engines never go back to an older version)."""
+        with self._load_lock:
+            held = self._engine_version
+            if held == version or (self.partial and held is not None and version < held):
+                return
             self.trainer.rollout_wg.apply_weights(version, drop_older)
             self._engine_version = version
+
+    def _load_pushed(self, version: int) -> None:
+        """Partial rollout, on the loader thread: load a push that was just staged, in the middle of a chunk."""
+        try:
+            self._load(version)
+        except BaseException as e:  # noqa: BLE001 — handed to the trainer, which raises it
+            self._fail(e, f"load of weight version {version}")
 
     # ------------------------------------------------------------------ pausing
     def _pause_asked(self) -> bool:
@@ -312,6 +346,8 @@ class SeparateAsyncRolloutSource(RolloutSource):
             self._cv.notify_all()
         if self.queue is not None:
             self.queue.close()
+        if self._loader is not None:
+            self._loader.shutdown(wait=False, cancel_futures=True)
         if self._thread is not None:
             self._thread.join(timeout=60)
             if self._thread.is_alive():

@@ -61,22 +61,26 @@ class ResourcePoolManager:
         mapping: dict[Role, str],
         max_colocate_count: int = 1,
         use_gpu: bool = True,
+        custom_resources: dict[str, dict[str, float]] | None = None,
     ) -> None:
         self.resource_pool_spec = resource_pool_spec
         self.mapping = mapping
         self.max_colocate_count = max_colocate_count
         self.use_gpu = use_gpu
+        self.custom_resources = dict(custom_resources or {})  # pool name → Ray custom resources per bundle
         self.resource_pool_dict: dict[str, RayResourcePool] = {}
 
     def create_resource_pool(self) -> None:
         """One `RayResourcePool` per spec entry (GPU bundles when ``use_gpu`` and the cluster has GPUs, CPU bundles
-        otherwise: ``trainer.device=cpu`` keeps the workers off the GPUs)."""
+        otherwise: ``trainer.device=cpu`` keeps the workers off the GPUs), each bundle also asking for the pool's
+        ``custom_resources``."""
         for name, process_on_nodes in self.resource_pool_spec.items():
             self.resource_pool_dict[name] = RayResourcePool(
                 process_on_nodes=process_on_nodes,
                 use_gpu=self.use_gpu,
                 max_colocate_count=self.max_colocate_count,
                 name_prefix=name,
+                custom_resources=self.custom_resources.get(name),
             )
 
     def get_resource_pool(self, role: Role) -> RayResourcePool:
