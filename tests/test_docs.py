@@ -260,6 +260,7 @@ def computed_metric_names() -> set[str]:
     from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, FixedKLController
     from verl.trainer.ppo.metric_utils import (
         compute_data_metrics,
+        compute_partial_rollout_metrics,
         compute_staleness_metrics,
         compute_throughout_metrics,
         compute_timing_metrics,
@@ -299,6 +300,7 @@ def computed_metric_names() -> set[str]:
     ranges[:] = [[[0, resp_len, 2]]] * bs
     batch.non_tensor_batch["weight_version_ranges"] = ranges
     names |= set(compute_staleness_metrics(batch, 3))
+    names |= set(compute_partial_rollout_metrics(batch))
     names |= set(compute_timing_metrics(batch, timing))
     names |= set(compute_throughout_metrics(batch, timing, 2))
     names |= set(log_seqlen_unbalance([3, 5, 7, 9], [[0, 3], [1, 2]]))

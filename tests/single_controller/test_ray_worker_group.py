@@ -28,6 +28,7 @@ from verl.single_controller.ray import (
     WorkerDiedError,
     create_colocated_worker_cls,
 )
+from verl.single_controller.ray.health import placement, raise_if_workers_died
 from verl.utils.distributed import initialize_global_process_group
 
 # Test modules are not importable inside Ray workers: ship their classes by value.
@@ -292,13 +293,31 @@ def test_killed_worker_is_an_error_naming_group_rank_and_method(ray_cluster):
     group, pool = make_group(ScaleWorker, 2, 1.0, 900, name_prefix="doomed")
     try:
         start = time.monotonic()
-        with pytest.raises(WorkerDiedError, match=r"'doomed': rank 1 .*died while running 'die_on'"):
+        where = r"on node \S+ \(id [0-9a-f]{12}\)"
+        with pytest.raises(WorkerDiedError, match=rf"'doomed': rank 1 .*{where}\) died while running 'die_on'") as e:
             group.die_on(1)
         # measured 7-17 s on 2 shared cores; a driver that waited for rank 0 would take the 900 s gloo timeout
         assert time.monotonic() - start < 200  # under the 300 s per-test timeout (pyproject), which ends a hang
+        # the run's report: every worker asked whether it is alive, the dead one named by role, rank and node
+        with pytest.raises(WorkerDiedError, match=rf"died: role scale rank 1 {where}\. The run stops") as report:
+            raise_if_workers_died({"scale": group, "absent": None}, e.value)
+        assert report.value.__cause__ is e.value
+        assert "rank 0" not in str(report.value).split("(First seen")[0]  # the living rank is not reported
     finally:
         group.shutdown()
         pool.release()
+
+
+def test_placement_names_each_workers_node_and_pid_and_pools_ask_for_custom_resources(scale_group):
+    lines = placement({"scale": scale_group})
+    pids = sorted(info["pid"] for info in scale_group.env())
+    assert len(lines) == scale_group.world_size
+    assert sorted(int(line.rsplit("pid ", 1)[1]) for line in lines) == pids
+    assert lines[0].startswith("role scale rank 0: node ") and len(set(scale_group.worker_nodes)) == 1
+    # a raise with nobody dead leaves the caller's error as it is
+    raise_if_workers_died({"scale": scale_group}, RuntimeError("not a death"))
+    pool = RayResourcePool([2], use_gpu=False, custom_resources={"train_pool": 1})
+    assert pool.bundle() == {"CPU": 1, "train_pool": 1.0}  # places the pool on nodes started with that resource
 
 
 def test_method_exception_names_rank_and_method(scale_group):

@@ -95,12 +95,14 @@ def needs(*names: str) -> Callable:
 
 
 class MainRun(NamedTuple):
-    """A finished run: exit code, stdout and stderr together, the file logger's records, and its folder."""
+    """A finished run: exit code, stdout and stderr together, the file logger's records, its folder, and when it was
+    seen to end (``time.monotonic()``, to within half a second)."""
 
     returncode: int
     output: str
     records: list
     work: Path
+    ended: float = 0.0
 
 
 class MainRuns(dict):
@@ -159,7 +161,8 @@ def run_concurrently(names: list[str], tmp_path_factory) -> MainRuns:
                     run.out.seek(0, os.SEEK_END)
                     run.out.write(f"\n[test_main_ppo] killed after {TIMEOUT_S} s\n")
                 run.out.seek(0)
-                done[name] = MainRun(run.proc.returncode, run.out.read(), read_records(run.log), run.work)
+                ended = time.monotonic()
+                done[name] = MainRun(run.proc.returncode, run.out.read(), read_records(run.log), run.work, ended)
                 run.out.close()
                 del running[name]
                 print(f"{name}: exit {run.proc.returncode} after {elapsed:.1f} s")
