@@ -190,7 +190,9 @@ def run_async_modes(tmp_path_factory) -> MainRuns:
         overrides = [*KILLED, "trainer.resume_mode=auto", f"trainer.default_local_dir={killed / 'ckpt'}"]
         return [*overrides, *dumped(killed)], {}
 
-    done.update(run_concurrently(WAVES[1], tmp_path_factory))
+    second = run_concurrently(WAVES[1], tmp_path_factory)
+    done.update(second)
+    done.ended.update(second.ended)
     for name, run in done.items():
         if name not in FAILING:
             assert run.returncode == 0, f"{name}:\n{run.output[-3000:]}"

@@ -95,18 +95,21 @@ def needs(*names: str) -> Callable:
 
 
 class MainRun(NamedTuple):
-    """A finished run: exit code, stdout and stderr together, the file logger's records, its folder, and when it was
-    seen to end (``time.monotonic()``, to within half a second)."""
+    """A finished run: exit code, stdout and stderr together, the file logger's records, and its folder."""
 
     returncode: int
     output: str
     records: list
     work: Path
-    ended: float = 0.0
 
 
 class MainRuns(dict):
-    """`MainRun` by name; asking for a run whose preparation raised raises that error again."""
+    """`MainRun` by name; asking for a run whose preparation raised raises that error again. ``ended``: when each run
+    was seen to end (``time.monotonic()``, to within half a second)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ended: dict[str, float] = {}
 
     def __getitem__(self, name: str) -> MainRun:
         value = super().__getitem__(name)
@@ -161,8 +164,8 @@ def run_concurrently(names: list[str], tmp_path_factory) -> MainRuns:
                     run.out.seek(0, os.SEEK_END)
                     run.out.write(f"\n[test_main_ppo] killed after {TIMEOUT_S} s\n")
                 run.out.seek(0)
-                ended = time.monotonic()
-                done[name] = MainRun(run.proc.returncode, run.out.read(), read_records(run.log), run.work, ended)
+                done.ended[name] = time.monotonic()
+                done[name] = MainRun(run.proc.returncode, run.out.read(), read_records(run.log), run.work)
                 run.out.close()
                 del running[name]
                 print(f"{name}: exit {run.proc.returncode} after {elapsed:.1f} s")

@@ -97,7 +97,7 @@ def test_a_killed_rollout_server_is_named_and_a_resumed_run_trains_every_sample_
     killed = async_runs["separate_killed"]
     output = killed.output
     assert killed.returncode != 0, output[-3000:]
-    seconds = killed.ended - float((killed.work / "killed_at").read_text())
+    seconds = async_runs.ended["separate_killed"] - float((killed.work / "killed_at").read_text())
     assert seconds < 30, output[-3000:]  # from the kill to the exit: no hang
     assert re.search(r"died: role rollout rank 0 on node \S+ \(id [0-9a-f]{12}\)", output), output[-5000:]
     resumed = async_runs["separate_killed_resumed"]

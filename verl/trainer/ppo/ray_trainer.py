@@ -255,9 +255,9 @@ class RayPPOTrainer(TrainerGeneration, TrainerCheckpointing, TrainerProfiling, G
             self.actor_rollout_wg.generate_sequences = self.rollout_wg.generate_sequences
         if self.config.actor_rollout_ref.rollout.get("skip_rollout", False):
             RolloutSkip(self.config, self.async_rollout_manager).wrap_generate_sequences()
-        logger.info("placement: %s", "; ".join(placement(self._worker_groups())))
+        logger.info("placement: %s", "; ".join(placement(self._groups_by_role())))
 
-    def _worker_groups(self) -> dict[str, Any]:
+    def _groups_by_role(self) -> dict[str, Any]:
         """The run's worker groups by role (the rollout servers' when they are workers of their own)."""
         groups = {"actor_rollout": self.actor_rollout_wg, "critic": self.critic_wg, "rm": self.rm_wg}
         if self.rollout_wg is not self.actor_rollout_wg:
@@ -432,7 +432,7 @@ class RayPPOTrainer(TrainerGeneration, TrainerCheckpointing, TrainerProfiling, G
                 tracker.log(metrics, step=self.global_steps)
                 progress.update(1)
         except BaseException as error:  # a dead worker is named (role, rank, node), whoever noticed it first
-            raise_if_workers_died(self._worker_groups(), error)
+            raise_if_workers_died(self._groups_by_role(), error)
             raise
         finally:
             self.rollout_source.close()
