@@ -1,4 +1,5 @@
-"""verl.utils.padding: packing round trips, and that packed sequences never attend to each other."""
+"""verl.utils.padding: packing round trips, that packed sequences never attend to each other, and that the trimmed
+layout reads the same response outputs."""
 
 from __future__ import annotations
 
@@ -11,11 +12,14 @@ from hypothesis import strategies as st
 
 from verl.utils.padding import (
     block_causal_mask,
+    forward_without_padding,
     pack_forward,
     packed_attention_mask,
+    packs_sequences,
     pad_input,
     positions_mark_boundaries,
     response_slots,
+    trim_padding,
     unpad_input,
 )
 from verl.utils.tiny_model import build_tiny_qwen2
@@ -150,3 +154,41 @@ def test_errors():
     flash = SimpleNamespace(config=SimpleNamespace(_attn_implementation="flash_attention_2"))
     with pytest.raises(ValueError, match="'flash_attention_2' takes no explicit mask"):
         packed_attention_mask(flash, packed)
+
+
+def test_trim_padding_drops_only_columns_padded_in_every_row():
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1, 1, 0], [0, 0, 0, 0, 1, 1, 0, 0]])
+    ids = torch.arange(24).reshape(3, 8)
+    trimmed = trim_padding(ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), response_length=3)
+    assert torch.equal(trimmed.input_ids, ids[:, 2:7])  # columns 0-1 and 7 are padding everywhere
+    assert torch.equal(trimmed.attention_mask, mask[:, 2:7])
+    assert trimmed.indices.tolist() == [r * 8 + c for r in range(3) for c in range(2, 7)]
+    assert trimmed.valid.tolist() == mask[:, 2:7].reshape(-1).bool().tolist()
+    # the column that predicts the first response token is kept even when some row pads it
+    late = torch.tensor([[0, 0, 0, 0, 0, 1, 1, 1]])
+    assert trim_padding(late, late, late, response_length=2).input_ids.shape[1] == 3
+    assert trim_padding(late, late, late, response_length=4).input_ids.shape[1] == 5
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "eager"])
+def test_trimmed_and_packed_forwards_read_the_same_response_outputs(backend):
+    """Both layouts of use_remove_padding put the same outputs in the (bs, response_length) slots, 0 where the
+    predicting token is padding; eager and sdpa trim, flash backends (not on CPU) pack."""
+    model = build_tiny_qwen2(seed=0, attn_implementation=backend).eval()
+    assert not packs_sequences(model)
+    g = torch.Generator().manual_seed(1)
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 0, 0], [0, 1, 1, 1, 1, 1, 1, 0], [0, 0, 0, 1, 1, 0, 0, 0]])
+    ids = torch.randint(3, 256, mask.shape, generator=g) * mask
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    response_length = 4
+    read = {}
+    with torch.no_grad():
+        for name, (output, layout) in {
+            "trim": forward_without_padding(model, ids, mask, positions, response_length),
+            "pack": pack_forward(model, ids, mask, positions),
+        }.items():
+            keep, slot = response_slots(layout, response_length)
+            read[name] = pad_input(output.logits.flatten(0, 1)[keep], slot, 3, response_length)
+    torch.testing.assert_close(read["trim"], read["pack"], rtol=0, atol=ATOL)
+    predicting = mask[:, -response_length - 1 : -1].bool()
+    assert bool((read["trim"][~predicting] == 0).all()) and bool((read["trim"][predicting] != 0).any(-1).all())

@@ -19,7 +19,7 @@ import ray
 from omegaconf import DictConfig, OmegaConf
 
 from verl.trainer.config.validate import rollout_pool_size, validate_config, world_size
-from verl.utils.ray_utils import required_logical_cpus
+from verl.utils.ray_utils import cpu_threads_per_worker, required_logical_cpus
 
 if TYPE_CHECKING:  # imported on first use (module __getattr__): the driver does not import torch
     from verl.utils.dataset.rl_dataset import create_rl_dataset, create_rl_sampler
@@ -277,13 +277,24 @@ def run_ppo(config: DictConfig, task_runner_class: Any = None, schema: DictConfi
     if not ray.is_initialized():
         ray_init = OmegaConf.to_container(config.ray_kwargs.ray_init, resolve=True) or {}
         ray_init = {k: v for k, v in ray_init.items() if v is not None}
-        if not ray_init.get("address") and not os.environ.get("RAY_ADDRESS"):  # a cluster of its own: size it
-            ray_init.setdefault("num_cpus", required_logical_cpus(world_size(config) + rollout_pool_size(config)))
         env = {
             "TOKENIZERS_PARALLELISM": "false",
             "RAY_AUTH_MODE": "disabled",
             "VERL_CACHE_DIR": os.environ.get("VERL_CACHE_DIR", ""),
         }
+        if not ray_init.get("address") and not os.environ.get("RAY_ADDRESS"):  # a cluster of its own: size it
+            workers = world_size(config) + rollout_pool_size(config)
+            ray_init.setdefault("num_cpus", required_logical_cpus(workers))
+            if "OMP_NUM_THREADS" not in os.environ:  # Ray's default is one thread per worker
+                # colocate_async runs a resident rollout server beside each training worker
+                computing = workers + (world_size(config) if config.trainer.get("mode") == "colocate_async" else 0)
+                env["OMP_NUM_THREADS"] = str(cpu_threads_per_worker(computing))
+                logger.info(
+                    "%d computing process(es) on %s cores: OMP_NUM_THREADS=%s each (set it to override)",
+                    computing,
+                    os.cpu_count(),
+                    env["OMP_NUM_THREADS"],
+                )
         ray.init(runtime_env={"env_vars": {k: v for k, v in env.items() if v}}, include_dashboard=False, **ray_init)
     runtime_env = {"env_vars": _worker_env()}
     runner_cls = task_runner_class or TaskRunner

@@ -8,6 +8,13 @@ the row's minimum. Both rules find the right boundaries when every sequence coun
 position (0 for the usual ``cumsum(attention_mask) - 1`` ids), so then no mask is passed. Otherwise (e.g. a
 sequence whose positions continue the previous one's) :func:`packed_attention_mask` builds an explicit
 block-diagonal causal mask (eager and sdpa backends) or refuses.
+
+Packing pays where attention runs per sequence (the flash-attention backends' variable-length kernels). eager and
+sdpa attend over the whole packed row under a block mask, quadratic in the *total* token count, so for them
+:func:`forward_without_padding` trims instead: it drops the columns that are padding in every row (the common
+left padding of the prompts, the common right padding of the responses) and forwards the rest as a padded batch
+(:func:`trim_padding`). Either way the outputs land in the same (bs, response_length) layout through
+:func:`response_slots` and :func:`pad_input`, 0 where the token that predicts a response token is padding.
 """
 
 from __future__ import annotations
@@ -19,12 +26,16 @@ import torch
 
 __all__ = [
     "PackedSequences",
+    "TrimmedBatch",
     "block_causal_mask",
+    "forward_without_padding",
     "pack_forward",
+    "packs_sequences",
     "packed_attention_mask",
     "pad_input",
     "positions_mark_boundaries",
     "response_slots",
+    "trim_padding",
     "unpad_input",
 ]
 
@@ -182,17 +193,95 @@ def pack_forward(
     return output, packed
 
 
-def response_slots(packed: PackedSequences, response_length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Which packed tokens predict response tokens, and where their outputs go in a (bs, response_length) tensor.
+@dataclass(frozen=True)
+class TrimmedBatch:
+    """A padded batch without the columns that are padding in every row.
+
+    Attributes:
+        input_ids, attention_mask, position_ids: (bs, kept) the kept columns ``[start, stop)``.
+        indices: (bs × kept,) flat index of each kept token in the padded (bs × seqlen) layout.
+        valid: (bs × kept,) whether each kept token is a real token (not padding).
+        batch_size, seqlen: the padded shape.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    indices: torch.Tensor
+    valid: torch.Tensor
+    batch_size: int
+    seqlen: int
+
+
+def trim_padding(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, response_length: int = 0
+) -> TrimmedBatch:
+    """Drop the leading and trailing columns where ``attention_mask`` is 0 in every row; the last
+    ``response_length + 1`` columns' start is never cut into, so the token that predicts the first response token
+    stays (it is the last prompt token, present in every row of a left-padded batch)."""
+    bs, seqlen = attention_mask.shape
+    used = attention_mask.bool().any(0).nonzero()
+    start, stop = (int(used[0]), int(used[-1]) + 1) if used.numel() else (0, seqlen)
+    start = min(start, max(seqlen - response_length - 1, 0))
+    cols = torch.arange(start, stop, device=attention_mask.device)
+    rows = torch.arange(bs, device=attention_mask.device)
+    mask = attention_mask[:, start:stop]
+    return TrimmedBatch(
+        input_ids=input_ids[:, start:stop],
+        attention_mask=mask,
+        position_ids=position_ids[:, start:stop],
+        indices=(rows[:, None] * seqlen + cols[None, :]).reshape(-1),
+        valid=mask.reshape(-1).bool(),
+        batch_size=bs,
+        seqlen=seqlen,
+    )
+
+
+def packs_sequences(module: torch.nn.Module) -> bool:
+    """Whether ``use_remove_padding`` packs for this model (a flash-attention backend, whose variable-length
+    kernels attend per sequence) rather than trims (eager, sdpa and the rest)."""
+    backend = getattr(getattr(module, "config", None), "_attn_implementation", None) or ""
+    return "flash" in backend
+
+
+def forward_without_padding(
+    module: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_length: int,
+) -> tuple[Any, PackedSequences | TrimmedBatch]:
+    """Run ``module`` without pad tokens: packed into one row (flash attention) or trimmed (other backends).
+
+    Returns the model's output and the layout; flatten the output's token dimension(s) and select with
+    :func:`response_slots` to read the response tokens' outputs."""
+    if packs_sequences(module):
+        return pack_forward(module, input_ids, attention_mask, position_ids)
+    trimmed = trim_padding(input_ids, attention_mask, position_ids, response_length)
+    output = module(
+        input_ids=trimmed.input_ids,
+        attention_mask=trimmed.attention_mask,
+        position_ids=trimmed.position_ids,
+        use_cache=False,
+    )
+    return output, trimmed
+
+
+def response_slots(packed: PackedSequences | TrimmedBatch, response_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which of the model's tokens (flattened) predict response tokens, and where their outputs go in a
+    (bs, response_length) tensor.
 
     The output at padded column ``c`` predicts token ``c + 1``, so response token ``j`` is read at column
-    ``seqlen - response_length - 1 + j`` (as ``logits[:, -response_length - 1 : -1]`` does in the padded layout).
+    ``seqlen - response_length - 1 + j`` (as ``logits[:, -response_length - 1 : -1]`` does in the padded layout);
+    a trimmed batch's padding tokens are left out (their outputs stay 0, as in a packed row, which has none).
 
     Returns:
-        ``(keep, slot)``: ``keep`` (total,) bool selects the packed tokens; ``slot`` (kept,) is each one's flat index
+        ``(keep, slot)``: ``keep`` (tokens,) bool selects the tokens; ``slot`` (kept,) is each one's flat index
         into (bs × response_length), for :func:`pad_input`.
     """
     rows = packed.indices // packed.seqlen
     cols = packed.indices % packed.seqlen - (packed.seqlen - response_length - 1)
     keep = (cols >= 0) & (cols < response_length)
+    if isinstance(packed, TrimmedBatch):
+        keep &= packed.valid
     return keep, rows[keep] * response_length + cols[keep]

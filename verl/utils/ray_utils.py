@@ -4,6 +4,11 @@ Placement-group bundles are ``{"CPU": 1}`` per worker process. A small machine (
 workers therefore needs Ray started with at least four logical CPUs; logical CPUs are a scheduling budget, not
 cores, so asking for more than the machine has is fine for workers that mostly wait on each other.
 
+Ray gives each worker process one compute thread (``OMP_NUM_THREADS`` = its logical CPUs, 1). A job that starts its
+own cluster instead splits the machine's cores between the processes that compute at once
+(:func:`cpu_threads_per_worker`), unless ``OMP_NUM_THREADS`` is set: one training worker on a 2-core laptop uses
+both cores, as a plain ``torch`` script would.
+
 ``parallel_put`` puts many objects into the object store from a thread pool; ``ray_noset_visible_devices`` tells
 whether Ray was told to leave ``*_VISIBLE_DEVICES`` alone.
 """
@@ -16,7 +21,13 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-__all__ = ["init_ray_for_workers", "parallel_put", "ray_noset_visible_devices", "required_logical_cpus"]
+__all__ = [
+    "cpu_threads_per_worker",
+    "init_ray_for_workers",
+    "parallel_put",
+    "ray_noset_visible_devices",
+    "required_logical_cpus",
+]
 
 # Ray leaves the matching *_VISIBLE_DEVICES variable alone when one of these is set (one per accelerator kind).
 NOSET_VISIBLE_DEVICES_ENV_VARS = (
@@ -39,6 +50,14 @@ def required_logical_cpus(num_workers: int, reserve: int = 1) -> int:
     if num_workers < 0 or reserve < 0:
         raise ValueError(f"num_workers and reserve must be non-negative, got {num_workers}, {reserve}")
     return max(os.cpu_count() or 1, num_workers + reserve)
+
+
+def cpu_threads_per_worker(num_workers: int) -> int:
+    """Compute threads for each of ``num_workers`` processes that compute at once on this machine: its cores split
+    evenly, at least one each."""
+    if num_workers < 1:
+        raise ValueError(f"num_workers must be positive, got {num_workers}")
+    return max(1, (os.cpu_count() or 1) // num_workers)
 
 
 def init_ray_for_workers(num_workers: int, **ray_init_kwargs: Any) -> None:

@@ -25,6 +25,7 @@ __all__ = [
     "group_mean",
     "group_mean_std",
     "group_sum",
+    "has_active_dropout",
     "logprobs_from_logits",
     "masked_mean",
     "masked_sum",
@@ -354,3 +355,18 @@ def group_mean_std(
     mean = torch.where(single, torch.zeros_like(mean), mean)
     std = torch.where(single, torch.ones_like(std), std)
     return mean, std, count
+
+
+def has_active_dropout(module: torch.nn.Module) -> bool:
+    """Whether ``module`` in train mode is random: a dropout layer with p > 0, or a Hugging Face config dropout
+    rate > 0 (``attention_dropout``, ``hidden_dropout_prob``, ``resid_pdrop``, ...), which models apply
+    functionally."""
+    if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in module.modules()):
+        return True
+    config = getattr(module, "config", None)
+    settings = config.to_dict() if hasattr(config, "to_dict") else {}
+    return any(
+        ("dropout" in name or name.endswith("pdrop")) and isinstance(value, (int, float)) and value > 0
+        for name, value in settings.items()
+        if not isinstance(value, bool)
+    )

@@ -43,7 +43,7 @@ from verl.utils.device import get_device_name
 from verl.utils.distributed import initialize_global_process_group
 from verl.utils.import_utils import import_external_libs
 from verl.utils.profiler import DistProfiler, DistProfilerExtension, ProfilerConfig
-from verl.utils.torch_functional import masked_mean
+from verl.utils.torch_functional import has_active_dropout, masked_mean
 from verl.workers.actor import DataParallelPPOActor
 from verl.workers.config.builders import (
     build_actor_config,
@@ -62,6 +62,17 @@ logger = logging.getLogger(__name__)
 
 ROLES = ("actor", "rollout", "ref", "actor_ref", "actor_rollout", "actor_rollout_ref")
 MESHES = ("actor", "rollout", "ref", "critic", "reward")
+
+
+def _old_log_prob_metrics(data: DataProto, old_log_probs: torch.Tensor, entropys: torch.Tensor) -> dict[str, float]:
+    """The old-log-prob pass's metrics: ``actor/entropy`` and, against ``rollout_log_probs``, the mismatch ones."""
+    if "response_mask" not in data.batch.keys():
+        return {}
+    mask = data.batch["response_mask"]
+    metrics = {"actor/entropy": float(masked_mean(entropys, mask))}
+    if "rollout_log_probs" in data.batch.keys():
+        metrics.update(rollout_mismatch_metrics(old_log_probs, data.batch["rollout_log_probs"], mask))
+    return metrics
 
 
 def _metrics_meta(metrics: dict[str, Any]) -> dict[str, Any]:
@@ -178,6 +189,7 @@ class ActorRolloutRefWorker(ProfiledWorker, RemoteRolloutWeights):
                 model.path, self.actor_config.fsdp_config, self.actor_config.optim, role="actor", **common
             )
             self.actor = DataParallelPPOActor(self.actor_config, self.actor_engine.module, self.actor_engine.optimizer)
+            self._actor_has_dropout = has_active_dropout(self.actor_engine.module)
         if self._is_ref:
             self.ref_engine = FSDPEngine(
                 model.path,
@@ -363,13 +375,8 @@ class ActorRolloutRefWorker(ProfiledWorker, RemoteRolloutWeights):
             outputs = self.actor.compute_log_prob_outputs(
                 data, calculate_entropy=True, calculate_sum_pi_squared=self.actor_config.calculate_sum_pi_squared
             )
-        log_probs, entropys = outputs.pop("log_probs"), outputs["entropys"]
-        metrics: dict[str, float] = {}
-        mask = data.batch["response_mask"] if "response_mask" in data.batch.keys() else None
-        if mask is not None:
-            metrics["actor/entropy"] = float(masked_mean(entropys, mask))
-            if "rollout_log_probs" in data.batch.keys():
-                metrics.update(rollout_mismatch_metrics(log_probs, data.batch["rollout_log_probs"], mask))
+        log_probs = outputs.pop("log_probs")
+        metrics = _old_log_prob_metrics(data, log_probs, outputs["entropys"])
         return DataProto.from_dict({"old_log_probs": log_probs, **outputs}, meta_info=_metrics_meta(metrics))
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="ref"))
@@ -398,12 +405,30 @@ class ActorRolloutRefWorker(ProfiledWorker, RemoteRolloutWeights):
         self._actor_ahead = self._is_rollout
         data.meta_info.setdefault("temperature", self.rollout_config.temperature if self.rollout_config else 1.0)
         start = time.perf_counter()
+        old: DataProto | None = None
+        if data.meta_info.get("old_log_prob_in_update") and self._actor_has_dropout:
+            # train-mode dropout makes the update's forward differ from the old policy's: a pass of its own
+            old = self.compute_log_prob(data)
+            data.meta_info["old_log_prob_in_update"] = False
+            data.batch["old_log_probs"] = old.batch["old_log_probs"]
         with self.actor_engine.on_device():
             metrics: dict[str, Any] = self.actor.update_policy(data)
         metrics["actor/lr"] = self.actor_engine.get_lr()
         self.actor_engine.lr_scheduler_step()
         metrics["perf/update_actor_seconds"] = time.perf_counter() - start
-        return DataProto(meta_info=_metrics_meta(metrics))
+        if self.actor.on_policy_outputs is not None:  # the update's forward gave the old log-probs
+            outputs = self.actor.on_policy_outputs
+            old = DataProto.from_dict(
+                {"old_log_probs": outputs["old_log_probs"]},
+                meta_info=_metrics_meta(_old_log_prob_metrics(data, **outputs)),
+            )
+        if old is None:
+            return DataProto(meta_info=_metrics_meta(metrics))
+        # the old-log-prob stage's metrics first, the update's over them (the order the driver logs them in)
+        return DataProto.from_dict(
+            {"old_log_probs": old.batch["old_log_probs"]},
+            meta_info=_metrics_meta({**old.meta_info["metrics"], **metrics}),
+        )
 
     # ------------------------------------------------------------------ checkpoints
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

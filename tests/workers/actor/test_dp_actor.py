@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from verl.protocol import DataProto
+from verl.utils import padding
 from verl.utils.seqlen_balancing import rearrange_micro_batches
 from verl.utils.tiny_model import build_tiny_qwen2
 from verl.workers.actor import DataParallelPPOActor
@@ -273,8 +274,17 @@ def assert_same_parameters(a: torch.nn.Module, b: torch.nn.Module) -> None:
     assert moved  # the step changed the model (else equal parameters would prove nothing)
 
 
+@pytest.fixture(params=["trim", "pack"])
+def layout(request, monkeypatch):
+    """use_remove_padding trims on sdpa (this model's backend); "pack" forces the packed row that flash-attention
+    backends take (no flash attention on CPU: the packed row runs on sdpa under its block mask)."""
+    if request.param == "pack":
+        monkeypatch.setattr(padding, "packs_sequences", lambda module: True)
+    return request.param
+
+
 @pytest.mark.parametrize("dynamic", [False, True])
-def test_remove_padding_and_dynamic_bsz_log_probs_equal_the_padded_path(dynamic):
+def test_remove_padding_and_dynamic_bsz_log_probs_equal_the_padded_path(dynamic, layout):
     padded, packed = make_actor(config()), make_actor(config(use_remove_padding=True))
     data = make_ragged_batch()
     data.meta_info["micro_batch_size"] = 3
@@ -313,7 +323,7 @@ def test_dynamic_bsz_restores_row_order_in_the_padded_path():
     ],
     ids=["remove_padding", "dynamic_bsz", "both"],
 )
-def test_update_equals_the_padded_fixed_micro_batch_update(overrides):
+def test_update_equals_the_padded_fixed_micro_batch_update(overrides, layout):
     reference = make_actor(config(ppo_micro_batch_size_per_gpu=3))
     actor = make_actor(config(ppo_micro_batch_size_per_gpu=3, **overrides))
     expected = reference.update_policy(make_ragged_batch())

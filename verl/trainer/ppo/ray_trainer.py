@@ -48,6 +48,7 @@ from verl.trainer.ppo.metric_utils import (
     compute_timing_metrics,
     reduce_metrics,
 )
+from verl.trainer.ppo.on_policy import old_log_prob_in_update
 from verl.trainer.ppo.profiling import TrainerProfiling
 from verl.trainer.ppo.reward import compute_reward_with_metrics
 from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode, compute_rollout_correction_and_add_to_batch
@@ -142,6 +143,8 @@ class RayPPOTrainer(TrainerGeneration, TrainerCheckpointing, TrainerProfiling, G
         correction = self.config.algorithm.get("rollout_correction") or {}
         self.bypass_mode = uses_bypass_mode(self.config)
         self.rollout_correction = bool(correction.get("rollout_is") or correction.get("rollout_rs"))
+        self.old_log_prob_in_update, why_not = old_log_prob_in_update(self)
+        logger.info("old log-probs: %s", "from the update's forward" if self.old_log_prob_in_update else why_not)
         self.state = TrainerState(kl_ctrl=self.kl_ctrl_in_reward, dataloader=self.train_dataloader)
         self.rollout_filter = self._create_rollout_filter()
         self.rollout_source = get_rollout_source_class(trainer.mode)(self)
@@ -522,8 +525,11 @@ class RayPPOTrainer(TrainerGeneration, TrainerCheckpointing, TrainerProfiling, G
             if trainer.balance_batch:  # over the ranks that train it
                 _, balance_metrics = balance_batch(batch, self.actor_rollout_wg.world_size)
                 metrics.update(balance_metrics)
+            old_in_update = self.old_log_prob_in_update and self._updates_actor()
             if self.bypass_mode:  # the rollout's log-probs are the old ones: no forward pass
                 apply_bypass_mode(batch)
+            elif old_in_update:  # the update's own forward gives them (verl.trainer.ppo.on_policy)
+                batch.meta_info["old_log_prob_in_update"] = True
             else:
                 with self._stage("old_log_prob", timing):
                     metrics.update(self._old_log_prob_stage(batch))
@@ -544,7 +550,10 @@ class RayPPOTrainer(TrainerGeneration, TrainerCheckpointing, TrainerProfiling, G
                     metrics.update(reduce_metrics(self._update_critic(batch).meta_info["metrics"]))
             if self._updates_actor():
                 with self._stage("update_actor", timing):
-                    metrics.update(reduce_metrics(self._update_actor(batch).meta_info["metrics"]))
+                    update = self._update_actor(batch)
+                    metrics.update(reduce_metrics(update.meta_info["metrics"]))
+                    if batch.meta_info.pop("old_log_prob_in_update", False):
+                        batch.union(update.select(batch_keys=["old_log_probs"]))
                 self.rollout_source.before_weights(step)
                 with self._stage("update_weights", timing):
                     metrics.update(self.checkpoint_manager.update_weights())

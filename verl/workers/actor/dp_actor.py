@@ -5,8 +5,9 @@ accumulating gradients over the micro-batches of a mini-batch and stepping the o
 aggregation gets the *global* token and sequence counts of the mini-batch (summed over the data-parallel ranks), so
 the gradient does not depend on how the batch was split over ranks and micro-batches.
 
-Two switches change how the work is cut, not the result: ``use_remove_padding`` forwards each micro-batch as one
-packed row of its valid tokens (`verl.utils.padding`), and ``use_dynamic_bsz`` forms micro-batches by a token budget
+Two switches change how the work is cut, not the result: ``use_remove_padding`` forwards each micro-batch without
+its pad tokens (packed into one row with flash attention, trimmed to the columns some row uses otherwise;
+`verl.utils.padding`), and ``use_dynamic_bsz`` forms micro-batches by a token budget
 instead of a row count (`verl.utils.seqlen_balancing.rearrange_micro_batches`), restoring the row order of outputs.
 """
 
@@ -22,7 +23,7 @@ import torch.distributed as dist
 
 from verl.algorithms.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from verl.protocol import DataProto
-from verl.utils.padding import pack_forward, pad_input, response_slots
+from verl.utils.padding import forward_without_padding, pad_input, response_slots
 from verl.utils.py_functional import call_with_accepted_kwargs
 from verl.utils.seqlen_balancing import rearrange_micro_batches, restore_order
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
@@ -102,6 +103,8 @@ class DataParallelPPOActor:
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
         self.use_remove_padding = bool(_get(config, "use_remove_padding", False))
+        # filled by an on-policy update_policy: the old log-probs and entropys its forward computed
+        self.on_policy_outputs: dict[str, torch.Tensor] | None = None
 
     # ------------------------------------------------------------------ forward
     def _forward_micro_batch(
@@ -110,23 +113,24 @@ class DataParallelPPOActor:
         temperature: float,
         calculate_entropy: bool,
         calculate_sum_pi_squared: bool = False,
+        entropy_grad: bool = True,
     ) -> dict[str, torch.Tensor]:
         """``log_probs`` of the response tokens, and their ``entropys`` / ``sum_pi_squared`` (Σ_v π_v² of the
         tempered distribution, for the optimal-token-baseline estimators) when asked for. Shape: (micro_bs,
-        response_length) each.
+        response_length) each. ``entropy_grad=False`` computes the entropy outside autograd (a metric only).
 
-        With ``use_remove_padding`` the model sees only the valid tokens, packed into one row; outputs at padding
+        With ``use_remove_padding`` the model sees no pad tokens (see `verl.utils.padding`); outputs at padding
         (where the token that predicts a response token is itself padding) are 0.
         """
         batch = micro_batch.batch
         responses = batch["responses"]
         bs, response_length = responses.shape
         if self.use_remove_padding:
-            output, packed = pack_forward(
-                self.actor_module, batch["input_ids"], batch["attention_mask"], batch["position_ids"]
+            output, packed = forward_without_padding(
+                self.actor_module, batch["input_ids"], batch["attention_mask"], batch["position_ids"], response_length
             )
             keep, slot = response_slots(packed, response_length)
-            logits = output.logits[0, keep]  # (kept, vocab)
+            logits = output.logits.flatten(0, 1)[keep]  # (kept, vocab)
             labels = responses.reshape(-1)[slot]
         else:
             output = self.actor_module(
@@ -141,7 +145,8 @@ class DataParallelPPOActor:
             logits = logits / temperature
         out = {"log_probs": logprobs_from_logits(logits, labels)}
         if calculate_entropy:
-            out["entropys"] = entropy_from_logits(logits)
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                out["entropys"] = entropy_from_logits(logits)
         if calculate_sum_pi_squared:
             out["sum_pi_squared"] = torch.softmax(logits.float(), dim=-1).square().sum(-1)
         if self.use_remove_padding:
@@ -191,10 +196,18 @@ class DataParallelPPOActor:
     # ------------------------------------------------------------------ update
     def update_policy(self, data: DataProto) -> dict[str, list[float]]:
         """``ppo_epochs`` passes of mini-batch SGD on ``data`` (this rank's share). Returns ``actor/*`` metrics as
-        lists (one entry per mini-batch; the driver averages them over ranks)."""
+        lists (one entry per mini-batch; the driver averages them over ranks).
+
+        With ``meta_info["old_log_prob_in_update"]`` (one epoch, one mini-batch: the update is on-policy) the batch
+        needs no ``old_log_probs``: the update's own forward, before any step, computes the same log-probs as a
+        separate pass would, so they serve as the old ones (detached), and they and the entropys are kept in
+        :attr:`on_policy_outputs` (rows in ``data``'s order).
+        """
         if self.actor_optimizer is None:
             raise RuntimeError("update_policy needs an optimizer: this actor was built for inference only")
         cfg = self.config
+        on_policy = bool(data.meta_info.get("old_log_prob_in_update", False))
+        self.on_policy_outputs = None
         temperature = float(data.meta_info.get("temperature", 1.0))
         mini_size = int(_get(cfg, "ppo_mini_batch_size_per_rank", len(data)))
         micro_size = int(_get(cfg, "ppo_micro_batch_size_per_gpu", mini_size))
@@ -205,15 +218,14 @@ class DataParallelPPOActor:
                 f"this rank holds {len(data)} samples, not a multiple of its mini-batch of {mini_size} "
                 "(actor.ppo_mini_batch_size × rollout.n ÷ data-parallel size)"
             )
-        keys = [
-            "responses",
-            "response_mask",
-            "input_ids",
-            "attention_mask",
-            "position_ids",
-            "old_log_probs",
-            "advantages",
-        ]
+        if on_policy and (int(_get(cfg, "ppo_epochs", 1)) != 1 or mini_size != len(data)):
+            raise ValueError(
+                "old_log_prob_in_update needs one PPO epoch and one mini-batch (the update's first forward is then "
+                f"the old policy's); got ppo_epochs={_get(cfg, 'ppo_epochs', 1)}, {len(data) // mini_size} mini-batches"
+            )
+        keys = ["responses", "response_mask", "input_ids", "attention_mask", "position_ids", "advantages"]
+        if not on_policy:
+            keys.append("old_log_probs")
         use_kl_loss = bool(_get(cfg, "use_kl_loss", False))
         if use_kl_loss:
             keys.append("ref_log_prob")
@@ -231,19 +243,26 @@ class DataParallelPPOActor:
         grad_clip = float(_get(cfg, "grad_clip", 1.0))
 
         metrics: dict[str, list[float]] = defaultdict(list)
+        recorded: dict[str, list[torch.Tensor]] = defaultdict(list)
         self.actor_module.train()
         for mini_batch, batch_info, local_tokens in iter_mini_batches(data, cfg, mini_size):
             loss_config = self._with_batch_info(batch_info)
             sums: dict[str, float] = defaultdict(float)
-            micro_batches, _ = split_micro_batches(mini_batch, micro_size, use_dynamic_bsz, max_token_len)
+            micro_batches, order = split_micro_batches(mini_batch, micro_size, use_dynamic_bsz, max_token_len)
             for micro in micro_batches:
                 mb = micro.batch
                 mask = mb["response_mask"]
-                forward = self._forward_micro_batch(micro, temperature, calculate_entropy)
-                log_prob, entropy = forward["log_probs"], forward.get("entropys")
+                forward = self._forward_micro_batch(
+                    micro, temperature, calculate_entropy or on_policy, entropy_grad=calculate_entropy
+                )
+                log_prob = forward["log_probs"]
+                entropy = forward.get("entropys") if calculate_entropy else None
+                if on_policy:
+                    recorded["old_log_probs"].append(log_prob.detach())
+                    recorded["entropys"].append(forward["entropys"].detach())
                 pg_loss, pg_metrics = call_with_accepted_kwargs(  # a user's loss gets what it declares
                     policy_loss_fn,
-                    old_log_prob=mb["old_log_probs"],
+                    old_log_prob=log_prob.detach() if on_policy else mb["old_log_probs"],
                     log_prob=log_prob,
                     advantages=mb["advantages"],
                     response_mask=mask,
@@ -271,6 +290,11 @@ class DataParallelPPOActor:
             metrics["actor/grad_norm"].append(grad_norm)
             if use_kl_loss:
                 metrics["actor/kl_coef"].append(float(_get(cfg, "kl_loss_coef", 0.001)))
+            if on_policy:
+                self.on_policy_outputs = {
+                    key: restore_order(values, order) if order is not None else torch.cat(values)
+                    for key, values in recorded.items()
+                }
         return dict(metrics)
 
     def _with_batch_info(self, batch_info: dict[str, Any]) -> Any:

@@ -3,8 +3,8 @@
 The value model is a LM backbone with a scalar head (e.g. ``AutoModelForTokenClassification`` with one label); the
 value of response token ``t`` is read at the position before it, like the policy's log-prob.
 
-``model.use_remove_padding`` (packed forward) and ``use_dynamic_bsz`` (token-budget micro-batches) work as in
-`DataParallelPPOActor` and give the same values and updates as the padded, fixed-size path.
+``model.use_remove_padding`` (no pad tokens in the forward) and ``use_dynamic_bsz`` (token-budget micro-batches)
+work as in `DataParallelPPOActor` and give the same values and updates as the padded, fixed-size path.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 
 from verl.algorithms.core_algos import compute_value_loss
 from verl.protocol import DataProto
-from verl.utils.padding import pack_forward, pad_input, response_slots
+from verl.utils.padding import forward_without_padding, pad_input, response_slots
 from verl.utils.seqlen_balancing import restore_order
 from verl.utils.torch_functional import masked_mean
 from verl.workers.actor.dp_actor import _get, iter_mini_batches, split_micro_batches
@@ -54,8 +54,8 @@ class DataParallelPPOCritic:
         batch = micro_batch.batch
         bs, response_length = batch["responses"].shape
         if self.use_remove_padding:
-            output, packed = pack_forward(
-                self.critic_module, batch["input_ids"], batch["attention_mask"], batch["position_ids"]
+            output, packed = forward_without_padding(
+                self.critic_module, batch["input_ids"], batch["attention_mask"], batch["position_ids"], response_length
             )
         else:
             output = self.critic_module(
@@ -69,7 +69,7 @@ class DataParallelPPOCritic:
             values = values.squeeze(-1)
         if self.use_remove_padding:
             keep, slot = response_slots(packed, response_length)
-            return pad_input(values[0, keep].float(), slot, bs, response_length)
+            return pad_input(values.flatten(0, 1)[keep].float(), slot, bs, response_length)
         return values[:, -response_length - 1 : -1].float()
 
     @torch.no_grad()

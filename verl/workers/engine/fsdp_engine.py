@@ -267,8 +267,9 @@ class FSDPEngine:
         """Yield ``(name, full tensor)`` for every entry of the model's state dict, on every rank.
 
         Names are the Hugging Face model's ``state_dict()`` keys; tensors are on the engine's device, cast to
-        ``dtype`` if given. ``bucket_bytes`` gathers several shards per collective (see
-        ``verl.workers.engine.full_state.iter_full_tensors``). All ranks must consume the iterator to its end.
+        ``dtype`` if given; on one rank they may be views of the parameters (copy what you keep). ``bucket_bytes``
+        gathers several shards per collective (see ``verl.workers.engine.full_state.iter_full_tensors``). All ranks
+        must consume the iterator to its end.
         """
         with self.on_device():
             reshard_all(self.module)
@@ -277,9 +278,10 @@ class FSDPEngine:
     def get_full_state_dict(
         self, dtype: torch.dtype | None = None, device: torch.device | str | None = "cpu"
     ) -> dict[str, torch.Tensor]:
-        """The full state dict (HF names) on every rank, moved to ``device`` (None: leave on the engine's device)."""
+        """The full state dict (HF names) on every rank, moved to ``device`` (None: leave on the engine's device); a
+        snapshot, never a view of the parameters."""
         return {
-            name: tensor if device is None else tensor.to(device)
+            name: tensor.to(tensor.device if device is None else device, copy=True)
             for name, tensor in self.iter_full_state_dict(dtype=dtype)
         }
 

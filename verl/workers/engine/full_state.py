@@ -85,12 +85,22 @@ def iter_full_tensors(
     Floating-point tensors are cast to ``dtype`` (before the gather, so less is sent). Without ``bucket_bytes`` each
     DTensor is gathered on its own (``full_tensor``); with it, consecutive dim-0 shards are packed into buckets of
     about ``bucket_bytes`` (gathered bytes, a larger tensor gets a bucket of its own) and gathered with one
-    collective each. Other tensors (unsharded buffers) are yielded as they are.
+    collective each. Other tensors (unsharded buffers) are yielded as they are; so are the shards of a one-rank mesh,
+    which hold the whole tensors: those may be views of the live parameters, so copy what you keep.
     """
     bucket: list[tuple[str, DTensor]] = []
     bucket_size = 0
     for key, tensor in state_dict.items():
         name = hf_name(key)
+        if isinstance(tensor, DTensor) and tensor.device_mesh.size() == 1 and tensor.to_local().shape == tensor.shape:
+            if bucket:
+                yield from _gather_bucket(bucket)
+                bucket, bucket_size = [], 0
+            local = tensor.to_local()  # one rank holds it all: no gather, no copy (a view of the parameter)
+            if local.device.type != tensor.device_mesh.device_type:  # CPU-offloaded shards
+                local = local.to(tensor.device_mesh.device_type)
+            yield name, _cast(local, dtype)
+            continue
         if bucket_bytes is not None and _bucketable(tensor):
             tensor = _cast(tensor, dtype)
             size = tensor.numel() * tensor.element_size()

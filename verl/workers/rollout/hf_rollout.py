@@ -153,8 +153,8 @@ class HFRollout(BaseRollout):
                 tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
             self._unfilled.clear()
         self._awake = {"weights": False, "kv_cache": False}
-        gc.collect()
-        if self.device.type == "cuda":
+        if self.device.type == "cuda":  # host memory returns as the tensors die; a full gc.collect() costs ~0.25 s
+            gc.collect()
             torch.cuda.empty_cache()
 
     def wake_up(self, tags: list[str] | None = None) -> None:

