@@ -97,8 +97,10 @@ class TreeMemory:
             if mib is None:
                 continue
             total += mib
-            label, peak = self._per_pid.get(pid, (None, 0.0))
-            self._per_pid[pid] = (label or _label(pid), max(peak, mib))
+            label, peak = self._per_pid.get(pid, ("", 0.0))
+            if not label.startswith("ray::"):  # Ray retitles a worker once it runs: read until it has
+                label = _label(pid)
+            self._per_pid[pid] = (label, max(peak, mib))
         self.peak_mib = max(self.peak_mib, total)
         return total
 

@@ -33,7 +33,10 @@ DESCRIPTIONS: dict[str, str] = {
     "data.return_full_prompt": "Keep the chat-templated prompt text in each item (`full_prompts`).",
     "data.shuffle": "Shuffle the training prompts every epoch (a seeded, resumable sampler).",
     "data.seed": "Seed of the shuffling and of the `*_max_samples` selection; null means 1.",
-    "data.dataloader_num_workers": "Worker processes of the training and validation dataloaders.",
+    "data.dataloader_num_workers": (
+        "Worker processes of the training and validation dataloaders; at most a quarter of the machine's cores "
+        "are started (a cut is logged)."
+    ),
     "data.image_patch_size": "Vision models: patch size used when counting image tokens.",
     "data.validation_shuffle": "Shuffle the validation set.",
     "data.filter_overlong_prompts": "Drop prompts longer than `data.max_prompt_length` when the dataset is built.",

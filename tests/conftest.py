@@ -11,6 +11,11 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# The Ray workers and CLI runs the suite starts (several at once on 2 cores) compute with one thread each, as Ray's
+# default gives them; main_ppo would otherwise split the cores between a run's workers (this process, whose torch
+# is already loaded, keeps its threads).
+torch.get_num_threads()
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # Logical CPUs for the test cluster: bundles are {"CPU": 1} per worker, and several groups live at once.
 RAY_TEST_NUM_CPUS = int(os.environ.get("VERL_TEST_RAY_CPUS", "8"))

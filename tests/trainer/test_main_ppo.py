@@ -42,6 +42,7 @@ def main_command(tmp_path: Path, *overrides: str, name: str = "run", env: dict |
         HYDRA_FULL_ERROR="1",
         **(env or {}),
     )
+    environ = {key: value for key, value in environ.items() if value is not None}  # None: unset it
     args = [
         sys.executable,
         "-m",
@@ -234,6 +235,33 @@ def test_demo_learns_out_of_the_box(main_runs):
     assert min(grad_norms) >= 0 and sum(g > 0 for g in grad_norms) >= len(grad_norms) // 2, grad_norms
 
 
+@main_run("demo_old_log_prob_pass")
+def prepare_demo_old_log_prob_pass(work: Path) -> Prepared:
+    """The demo's first 4 steps with the old-log-prob pass run on its own (the demo takes them from the update)."""
+    return ["trainer.total_training_steps=4", "actor_rollout_ref.actor.skip_on_policy_old_log_prob=false"], {}
+
+
+def untimed(data: dict) -> dict:
+    """A step's metrics but those that measure time (or are derived from it)."""
+    return {k: v for k, v in data.items() if not k.startswith(("timing_s/", "timing_per_token_ms/", "perf/"))}
+
+
+@pytest.mark.slow
+@needs("demo", "demo_old_log_prob_pass")
+def test_old_log_probs_from_the_update_are_bit_identical_to_their_own_pass(main_runs):
+    skipped, separate = main_runs["demo"], main_runs["demo_old_log_prob_pass"]
+    assert separate.returncode == 0, separate.output[-3000:]
+    assert "old log-probs: from the update's forward" in skipped.output
+    assert "old log-probs: actor.skip_on_policy_old_log_prob=false" in separate.output
+    steps = [r["data"] for r in separate.records if r.get("data")]
+    assert len(steps) == 4 and all("timing_s/old_log_prob" in d for d in steps)
+    demo = [r["data"] for r in skipped.records if r.get("data")][:4]
+    assert not any("timing_s/old_log_prob" in d for d in demo)  # the pass really was skipped
+    assert "actor/entropy" in demo[0] and "actor/ppo_kl" in demo[0]  # the pass's metric, the loss's ratio metrics
+    for step, (a, b) in enumerate(zip(demo, steps, strict=True), start=1):
+        assert untimed(a) == untimed(b), f"step {step}"  # exactly: every metric of every step
+
+
 @main_run("validation")
 def prepare_validation(work: Path) -> Prepared:
     """Validation before training and at the last step, 4 samples at temperature 1, with the dumps."""
@@ -248,7 +276,7 @@ def prepare_validation(work: Path) -> Prepared:
         "trainer.log_val_generations=3",
         f"trainer.rollout_data_dir={work / 'rollouts'}",
         f"trainer.validation_data_dir={work / 'val'}",
-    ], {}
+    ], {"OMP_NUM_THREADS": None}  # the suite sets it (conftest): this run shows the default
 
 
 @needs("validation")
@@ -257,6 +285,8 @@ def test_validation_metrics_generations_and_dumps(main_runs):
 
     code, output, records, work = main_runs["validation"]
     assert code == 0, output[-3000:]
+    # OMP_NUM_THREADS unset: the one training worker computes on every core (Ray alone would give it one thread)
+    assert f"1 computing process(es) on {os.cpu_count()} cores: OMP_NUM_THREADS={os.cpu_count()} each" in output
     by_step = {r["step"]: r["data"] for r in records if r.get("data")}
     prefix = "verl/arithmetic"
     for step in (0, 2):  # before training, and at the last step (test_freq)

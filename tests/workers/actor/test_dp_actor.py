@@ -342,3 +342,37 @@ def test_dynamic_bsz_and_micro_batch_errors():
         make_actor(config(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=8)).update_policy(make_ragged_batch())
     with pytest.raises(ValueError, match="micro-batch size must be a positive integer, got 0"):
         split_micro_batches(make_ragged_batch(), 0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the on-policy update takes its old log-probs from its own forward (verl.trainer.ppo.on_policy): bit for bit
+@pytest.mark.parametrize("remove_padding", [False, True])
+@pytest.mark.parametrize("entropy_coeff", [0.0, 0.01])
+def test_on_policy_update_equals_a_separate_old_log_prob_pass_bit_for_bit(remove_padding, entropy_coeff):
+    cfg = config(ppo_micro_batch_size_per_gpu=3, use_remove_padding=remove_padding, entropy_coeff=entropy_coeff)
+    reference, actor = make_actor(cfg), make_actor(cfg)
+    data = make_ragged_batch()
+    data.meta_info["micro_batch_size"] = 3  # the log-prob pass cut as the update is
+    old, entropys = reference.compute_log_prob(data, calculate_entropy=True)
+    data.batch["old_log_probs"] = old
+    expected = reference.update_policy(data)
+    on_policy = make_ragged_batch()
+    on_policy.pop(batch_keys=["old_log_probs"])
+    on_policy.meta_info["old_log_prob_in_update"] = True
+    metrics = actor.update_policy(on_policy)
+    assert metrics == expected  # every metric, exactly (the ratio is 1 in both)
+    assert torch.equal(actor.on_policy_outputs["old_log_probs"], old)
+    assert torch.equal(actor.on_policy_outputs["entropys"], entropys)
+    for p, q in zip(actor.actor_module.parameters(), reference.actor_module.parameters(), strict=True):
+        assert torch.equal(p, q)
+    reference.update_policy(data)
+    assert reference.on_policy_outputs is None  # only an on-policy update records them
+
+
+def test_on_policy_update_needs_one_epoch_and_one_mini_batch():
+    data = make_ragged_batch()
+    data.meta_info["old_log_prob_in_update"] = True
+    with pytest.raises(ValueError, match="one PPO epoch and one mini-batch"):
+        make_actor(config(ppo_mini_batch_size_per_rank=4)).update_policy(data)
+    with pytest.raises(ValueError, match="one PPO epoch and one mini-batch"):
+        make_actor(config(ppo_epochs=2)).update_policy(data)

@@ -162,15 +162,16 @@ class RayPPOTrainer(TrainerGeneration, TrainerCheckpointing, TrainerProfiling, G
 
     # ------------------------------------------------------------------ set-up
     def _create_dataloader(self, train_dataset: Any, val_dataset: Any, collate_fn: Any, train_sampler: Any) -> None:
-        from verl.utils.dataset.rl_dataset import create_dataloader
+        from verl.utils.dataset.rl_dataset import create_dataloader, dataloader_workers
 
         data = self.config.data
+        workers = dataloader_workers(data.dataloader_num_workers)
         self.train_dataloader = create_dataloader(
             train_dataset,
             batch_size=data.get("gen_batch_size", data.train_batch_size),
             sampler=train_sampler,
             collate_fn=collate_fn,
-            num_workers=data.dataloader_num_workers,
+            num_workers=workers,
             drop_last=True,
         )
         self.val_dataloader = None
@@ -180,7 +181,7 @@ class RayPPOTrainer(TrainerGeneration, TrainerCheckpointing, TrainerProfiling, G
                 batch_size=data.val_batch_size or len(val_dataset),
                 sampler=None,
                 collate_fn=collate_fn,
-                num_workers=data.dataloader_num_workers,
+                num_workers=workers,
                 drop_last=False,
             )
         if len(self.train_dataloader) == 0:

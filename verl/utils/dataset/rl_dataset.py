@@ -62,6 +62,7 @@ __all__ = [
     "create_rl_sampler",
     "data_config_get",
     "dataloader_seed",
+    "dataloader_workers",
 ]
 
 logger = logging.getLogger(__name__)
@@ -435,6 +436,23 @@ def create_rl_sampler(data_config: Any, dataset: Dataset) -> Sampler:
         generator.manual_seed(dataloader_seed(data_config))
         return RandomSampler(dataset, generator=generator)
     return SequentialSampler(dataset)
+
+
+def dataloader_workers(configured: int) -> int:
+    """The loader processes to start for ``data.dataloader_num_workers``: at most a quarter of this machine's cores.
+
+    Each is a copy of the driver process that only tokenizes the next batch ahead of time; on a small machine they
+    cost memory and compete with the workers for the cores, and buy nothing (veRL's default, 8, suits a GPU node's
+    dozens of cores). A cut is logged."""
+    cap = (os.cpu_count() or 1) // 4
+    if configured > cap:
+        logger.info(
+            "data.dataloader_num_workers=%d → %d: at most a quarter of this machine's %s cores",
+            configured,
+            cap,
+            os.cpu_count(),
+        )
+    return min(int(configured), cap)
 
 
 def create_dataloader(
