@@ -5,7 +5,8 @@
 
 Each side trains GRPO on the built-in arithmetic task (the same prompts in the same order, the same reward file)
 from the same model folder: no KL (``beta=0``), one update per generation batch (one mini-batch, one micro-batch,
-``num_iterations=1``), constant lr 1e-5, temperature 1, seed 1, the hf engine and one worker on our side. fp32
+``num_iterations=1``), constant lr 1e-5, temperature 1, seed 1, gradient checkpointing (both sides' default), the
+hf engine and one worker on our side. fp32
 trains in fp32; bf16 is mixed precision on both sides (fp32 weights and optimizer, bf16 compute; our rollout in
 bf16 too).
 
@@ -70,7 +71,6 @@ def ours_overrides(spec: dict, model: str, train_file: str, dtype: str) -> dict[
         "actor_rollout_ref.actor.optim.lr": str(LR),
         "actor_rollout_ref.actor.fsdp_config.model_dtype": "float32",
         "actor_rollout_ref.actor.fsdp_config.dtype": compute,
-        "actor_rollout_ref.model.enable_gradient_checkpointing": "false",
         "algorithm.use_kl_in_reward": "false",
         "trainer.n_gpus_per_node": "1",
         "trainer.nnodes": "1",

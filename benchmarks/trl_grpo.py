@@ -82,6 +82,7 @@ def main() -> None:
         report_to="none",
         dataloader_num_workers=0,
         disable_tqdm=True,
+        gradient_checkpointing=True,  # TRL's default, and ours (actor_rollout_ref.model.enable_gradient_checkpointing)
     )
     clock = StepClock()
     trainer = GRPOTrainer(

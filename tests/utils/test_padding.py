@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from verl.utils import padding
 from verl.utils.padding import (
     block_causal_mask,
     forward_without_padding,
@@ -183,12 +184,21 @@ def test_trimmed_and_packed_forwards_read_the_same_response_outputs(backend):
     response_length = 4
     read = {}
     with torch.no_grad():
-        for name, (output, layout) in {
-            "trim": forward_without_padding(model, ids, mask, positions, response_length),
-            "pack": pack_forward(model, ids, mask, positions),
-        }.items():
-            keep, slot = response_slots(layout, response_length)
-            read[name] = pad_input(output.logits.flatten(0, 1)[keep], slot, 3, response_length)
-    torch.testing.assert_close(read["trim"], read["pack"], rtol=0, atol=ATOL)
+        output, packed = pack_forward(model, ids, mask, positions)
+        keep, slot = response_slots(packed, response_length)
+        read["pack"] = pad_input(output.logits[0, keep], slot, 3, response_length)
+        for only in (False, True):  # the LM head on every token, or on the reading positions only
+            output, keep, slot = forward_without_padding(model, ids, mask, positions, response_length, only)
+            read[f"trim {only}"] = pad_input(output.logits.flatten(0, 1)[keep], slot, 3, response_length)
+        padding.packs_sequences = lambda module: True  # the flash backends' layout, on sdpa
+        try:
+            output, keep, slot = forward_without_padding(model, ids, mask, positions, response_length, True)
+        finally:
+            padding.packs_sequences = packs_sequences
+        read["pack, reading positions only"] = pad_input(output.logits.flatten(0, 1)[keep], slot, 3, response_length)
+    assert output.logits.shape[1] == int(mask[:, -response_length - 1 : -1].sum())  # the head ran on those only
+    for name in ("trim False", "trim True", "pack, reading positions only"):
+        torch.testing.assert_close(read[name], read["pack"], rtol=0, atol=ATOL, msg=name)
+    read["trim"] = read["trim True"]
     predicting = mask[:, -response_length - 1 : -1].bool()
     assert bool((read["trim"][~predicting] == 0).all()) and bool((read["trim"][predicting] != 0).any(-1).all())

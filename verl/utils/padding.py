@@ -19,6 +19,7 @@ left padding of the prompts, the common right padding of the responses) and forw
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,7 @@ __all__ = [
     "pad_input",
     "positions_mark_boundaries",
     "response_slots",
+    "takes_logits_to_keep",
     "trim_padding",
     "unpad_input",
 ]
@@ -250,21 +252,39 @@ def forward_without_padding(
     attention_mask: torch.Tensor,
     position_ids: torch.Tensor,
     response_length: int,
-) -> tuple[Any, PackedSequences | TrimmedBatch]:
+    response_logits_only: bool = False,
+) -> tuple[Any, torch.Tensor, torch.Tensor]:
     """Run ``module`` without pad tokens: packed into one row (flash attention) or trimmed (other backends).
 
-    Returns the model's output and the layout; flatten the output's token dimension(s) and select with
-    :func:`response_slots` to read the response tokens' outputs."""
-    if packs_sequences(module):
-        return pack_forward(module, input_ids, attention_mask, position_ids)
-    trimmed = trim_padding(input_ids, attention_mask, position_ids, response_length)
-    output = module(
-        input_ids=trimmed.input_ids,
-        attention_mask=trimmed.attention_mask,
-        position_ids=trimmed.position_ids,
-        use_cache=False,
-    )
-    return output, trimmed
+    Returns ``(output, keep, slot)``: the model's outputs at the tokens that predict response tokens are
+    ``output.logits.flatten(0, 1)[keep]``, and their places in a (bs, response_length) tensor ``slot`` (see
+    :func:`pad_input`). With ``response_logits_only`` (a causal LM whose forward takes ``logits_to_keep``) the LM
+    head runs on those positions only (trimmed: the last columns from the first reading one) instead of every token.
+    """
+    packs = packs_sequences(module)
+    if packs:
+        layout: PackedSequences | TrimmedBatch = unpad_input(input_ids, attention_mask, position_ids)
+        inputs = {"attention_mask": packed_attention_mask(module, layout)}
+    else:
+        layout = trim_padding(input_ids, attention_mask, position_ids, response_length)
+        inputs = {"attention_mask": layout.attention_mask}
+    keep, slot = response_slots(layout, response_length)
+    if response_logits_only:
+        if packs:  # the packed row's reading tokens, by index
+            inputs["logits_to_keep"] = keep.nonzero().squeeze(1)
+            keep = torch.ones(int(keep.sum()), dtype=torch.bool, device=keep.device)
+        else:  # every reading column of the trimmed rows lies in its last ``width`` columns
+            columns = layout.input_ids.shape[1]
+            width = columns - (layout.seqlen - response_length - 1 - int(layout.indices[0]))
+            inputs["logits_to_keep"] = width
+            keep = keep.view(-1, columns)[:, columns - width :].reshape(-1)
+    output = module(input_ids=layout.input_ids, position_ids=layout.position_ids, use_cache=False, **inputs)
+    return output, keep, slot
+
+
+def takes_logits_to_keep(module: torch.nn.Module) -> bool:
+    """Whether the model's forward can compute the LM head on some positions only (``logits_to_keep``)."""
+    return "logits_to_keep" in inspect.signature(module.forward).parameters
 
 
 def response_slots(packed: PackedSequences | TrimmedBatch, response_length: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from verl.algorithms.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from verl.protocol import DataProto
-from verl.utils.padding import forward_without_padding, pad_input, response_slots
+from verl.utils.padding import forward_without_padding, pad_input, takes_logits_to_keep
 from verl.utils.py_functional import call_with_accepted_kwargs
 from verl.utils.seqlen_balancing import rearrange_micro_batches, restore_order
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
@@ -103,6 +103,8 @@ class DataParallelPPOActor:
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
         self.use_remove_padding = bool(_get(config, "use_remove_padding", False))
+        # the LM head on the positions that read response tokens only (the prompt's logits are never used)
+        self._response_logits_only = takes_logits_to_keep(actor_module)
         # filled by an on-policy update_policy: the old log-probs and entropys its forward computed
         self.on_policy_outputs: dict[str, torch.Tensor] | None = None
 
@@ -126,18 +128,24 @@ class DataParallelPPOActor:
         responses = batch["responses"]
         bs, response_length = responses.shape
         if self.use_remove_padding:
-            output, packed = forward_without_padding(
-                self.actor_module, batch["input_ids"], batch["attention_mask"], batch["position_ids"], response_length
+            output, keep, slot = forward_without_padding(
+                self.actor_module,
+                batch["input_ids"],
+                batch["attention_mask"],
+                batch["position_ids"],
+                response_length,
+                response_logits_only=self._response_logits_only,
             )
-            keep, slot = response_slots(packed, response_length)
             logits = output.logits.flatten(0, 1)[keep]  # (kept, vocab)
             labels = responses.reshape(-1)[slot]
         else:
+            extra = {"logits_to_keep": response_length + 1} if self._response_logits_only else {}
             output = self.actor_module(
                 input_ids=batch["input_ids"],
                 attention_mask=batch["attention_mask"],
                 position_ids=batch["position_ids"],
                 use_cache=False,
+                **extra,
             )
             logits = output.logits[:, -response_length - 1 : -1, :]
             labels = responses

@@ -16,7 +16,7 @@ import torch
 
 from verl.algorithms.core_algos import compute_value_loss
 from verl.protocol import DataProto
-from verl.utils.padding import forward_without_padding, pad_input, response_slots
+from verl.utils.padding import forward_without_padding, pad_input
 from verl.utils.seqlen_balancing import restore_order
 from verl.utils.torch_functional import masked_mean
 from verl.workers.actor.dp_actor import _get, iter_mini_batches, split_micro_batches
@@ -54,7 +54,7 @@ class DataParallelPPOCritic:
         batch = micro_batch.batch
         bs, response_length = batch["responses"].shape
         if self.use_remove_padding:
-            output, packed = forward_without_padding(
+            output, keep, slot = forward_without_padding(
                 self.critic_module, batch["input_ids"], batch["attention_mask"], batch["position_ids"], response_length
             )
         else:
@@ -68,7 +68,6 @@ class DataParallelPPOCritic:
         if values.dim() == 3:
             values = values.squeeze(-1)
         if self.use_remove_padding:
-            keep, slot = response_slots(packed, response_length)
             return pad_input(values.flatten(0, 1)[keep].float(), slot, bs, response_length)
         return values[:, -response_length - 1 : -1].float()
 
