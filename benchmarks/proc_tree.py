@@ -98,7 +98,7 @@ class TreeMemory:
                 continue
             total += mib
             label, peak = self._per_pid.get(pid, ("", 0.0))
-            if not label.startswith("ray::"):  # Ray retitles a worker once it runs: read until it has
+            if not label.startswith("ray::") or label == "ray::IDLE":  # Ray retitles a worker when it takes a task
                 label = _label(pid)
             self._per_pid[pid] = (label, max(peak, mib))
         self.peak_mib = max(self.peak_mib, total)
