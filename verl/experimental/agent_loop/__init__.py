@@ -3,6 +3,9 @@
 veRL's import paths: ``from verl.experimental.agent_loop import AgentLoopBase, AgentLoopOutput, register, ...``.
 """
 
+import importlib
+from typing import Any
+
 from verl.experimental.agent_loop.agent_loop import (
     AgentLoopBase,
     AgentLoopMetrics,
@@ -11,10 +14,22 @@ from verl.experimental.agent_loop.agent_loop import (
     register,
     registered_agent_loops,
 )
-from verl.experimental.agent_loop.manager import AgentLoopManager
-from verl.experimental.agent_loop.server_manager import AsyncLLMServerManager
-from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
-from verl.experimental.agent_loop.worker import AgentLoopWorker, AgentLoopWorkerBase
+
+# imported on first use: they load torch, which the driver process (it only validates the config) never needs
+_LAZY = {
+    "AgentLoopManager": "manager",
+    "AsyncLLMServerManager": "server_manager",
+    "SingleTurnAgentLoop": "single_turn_agent_loop",
+    "AgentLoopWorker": "worker",
+    "AgentLoopWorkerBase": "worker",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "AgentLoopBase",

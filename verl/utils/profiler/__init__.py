@@ -2,7 +2,8 @@
 
 ``marked_timer`` / ``simple_timer`` time stages into a ``timing_raw`` dict; `TorchProfiler` records a Chrome trace
 per profiled step; `DistProfiler` picks a profiler from a role's `ProfilerConfig`. `DistProfilerExtension` (a worker
-mixin) is imported on first use, so importing this package does not import the single controller.
+mixin) and `TorchProfiler` are imported on first use, so importing this package imports neither the single
+controller nor torch.
 """
 
 from verl.utils.profiler.config import ProfilerConfig, TorchProfilerToolConfig
@@ -16,7 +17,6 @@ from verl.utils.profiler.performance import (
     simple_timer,
 )
 from verl.utils.profiler.profile import DistProfiler, mark_annotate, mark_end_range, mark_start_range
-from verl.utils.profiler.torch_profile import TorchProfiler
 
 __all__ = [
     "DistProfiler",
@@ -42,4 +42,8 @@ def __getattr__(name: str):
         from verl.utils.profiler.extension import DistProfilerExtension
 
         return DistProfilerExtension
+    if name == "TorchProfiler":  # loads torch: on first use, as the timers never need it
+        from verl.utils.profiler.torch_profile import TorchProfiler
+
+        return TorchProfiler
     raise AttributeError(f"module 'verl.utils.profiler' has no attribute {name!r}")

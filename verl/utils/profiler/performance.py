@@ -13,8 +13,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 __all__ = [
     "GPUMemoryLogger",
     "StageTimer",
@@ -87,6 +85,8 @@ def marked_timer(
 
 def _memory_info(unit: str = "GB", precision: int = 2) -> tuple[str, str, str, str]:
     """(allocated, reserved, used, total) device memory as strings in ``unit``; zeros without an accelerator."""
+    import torch  # here, not at the top: the timers are imported by processes that never load torch
+
     if unit not in _UNITS:
         raise ValueError(f"unit={unit!r}; use one of {list(_UNITS)}")
     if not torch.cuda.is_available():
@@ -157,6 +157,7 @@ class GPUMemoryLogger:
 
 def reduce_timing(timing_raw: dict[str, float], reduce_op: Any = None) -> dict[str, float]:
     """All-reduce (default: average) each timing over the process group; unchanged outside torch.distributed."""
+    import torch
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or not timing_raw:
