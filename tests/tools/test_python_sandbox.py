@@ -137,7 +137,7 @@ def test_output_flood_is_truncated(sandbox: PythonSandbox) -> None:
     result, elapsed = timed_run(sandbox, "while True:\n    print('x' * 1000)")
     assert result.output_truncated and result.error == "output exceeded 4096 bytes"
     assert len(result.stdout.encode()) == LIMITS.output_bytes
-    assert elapsed < 3
+    assert elapsed < LIMITS.wall_seconds  # stopped by the output limit, not the wall clock (a loaded machine is slow)
 
 
 def test_fork_bomb_is_bounded(sandbox: PythonSandbox) -> None:
@@ -155,7 +155,7 @@ except BlockingIOError as exc:
     words = result.stdout.split()
     assert words[:2] == ["stopped", "after"] and words[3] == "BlockingIOError", result.to_text()
     assert int(words[2]) < LIMITS.max_processes
-    assert elapsed < 3 and not processes_with(result.run_id)
+    assert elapsed < LIMITS.wall_seconds and not processes_with(result.run_id)
 
 
 def test_forked_children_do_not_outlive_the_run(sandbox: PythonSandbox) -> None:
