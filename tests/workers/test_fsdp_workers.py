@@ -4,6 +4,8 @@ tiny Qwen2 in float32."""
 from __future__ import annotations
 
 import copy
+import json
+import shutil
 import sys
 
 import numpy as np
@@ -305,3 +307,27 @@ def test_save_and_load_checkpoint_restore_the_actor(hybrid, tmp_path):
     hybrid.update_weights()  # the restored weights into the engine
     again = hybrid.generate_sequences(prompts())
     torch.testing.assert_close(again.batch["rollout_log_probs"], batch.batch["rollout_log_probs"], rtol=0, atol=0)
+
+
+def test_update_under_dropout_takes_its_old_log_probs_from_a_pass_of_their_own(ray_cluster, tiny_model_dir, tmp_path):
+    """Asked for the old log-probs from the update (verl.trainer.ppo.on_policy), a worker whose model has train-mode
+    dropout runs the eval-mode pass first: its train-mode forward is random and would not reproduce them."""
+    model_dir = tmp_path / "dropout_qwen2"
+    shutil.copytree(tiny_model_dir, model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "attention_dropout": 0.5}))
+    wg, pool = start_hybrid("hf", str(model_dir), "dropout")
+    try:
+        batch = wg.generate_sequences(prompts())
+        expected = wg.compute_log_prob(batch)
+        g = torch.Generator().manual_seed(5)
+        batch.batch["advantages"] = torch.randn(len(batch), RESPONSE_LEN, generator=g) * batch.batch["response_mask"]
+        batch.meta_info["old_log_prob_in_update"] = True
+        out = wg.update_actor(batch)
+        assert torch.equal(out.batch["old_log_probs"], expected.batch["old_log_probs"])
+        metrics = out.meta_info["metrics"]
+        assert metrics["actor/entropy"] == expected.meta_info["metrics"]["actor/entropy"]  # the pass's metric
+        assert "actor/pg_loss" in metrics and "actor/grad_norm" in metrics  # and the update's
+    finally:
+        wg.shutdown()
+        pool.release()
