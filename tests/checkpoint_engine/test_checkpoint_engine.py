@@ -85,7 +85,7 @@ def test_registry_and_config_errors():
         get_checkpoint_engine({"backend": "nixl"})
     with pytest.raises(ValueError, match="must be positive"):
         get_checkpoint_engine({"update_weights_bucket_megabytes": 0})
-    with pytest.raises(ValueError, match="unknown rollout dtype"):
+    with pytest.raises(ValueError, match="rollout dtype: unknown dtype"):
         ColocatedCheckpointEngine(dtype="int8")
     with pytest.raises(ValueError, match="already registered"):
         register_checkpoint_engine("naive")(type("Other", (ColocatedCheckpointEngine,), {}))

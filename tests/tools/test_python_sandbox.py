@@ -124,7 +124,7 @@ def test_wall_time_limit() -> None:
     result, elapsed = timed_run(box, "import time\nprint('started', flush=True)\ntime.sleep(60)")
     assert result.timed_out and result.error == "wall-time limit of 1.5 s exceeded"
     assert result.stdout == "started\n" and result.signal == "SIGKILL" and result.exit_code is None
-    assert 1.5 <= elapsed < 3.5
+    assert 1.5 <= elapsed < 10  # killed at 1.5 s; the rest is start-up and reaping on a loaded machine
 
 
 def test_crash_names_the_signal(sandbox: PythonSandbox) -> None:
@@ -133,14 +133,19 @@ def test_crash_names_the_signal(sandbox: PythonSandbox) -> None:
     assert result.to_text().endswith("[error: killed by SIGSEGV]")
 
 
-def test_output_flood_is_truncated(sandbox: PythonSandbox) -> None:
-    result, elapsed = timed_run(sandbox, "while True:\n    print('x' * 1000)")
-    assert result.output_truncated and result.error == "output exceeded 4096 bytes"
-    assert len(result.stdout.encode()) == LIMITS.output_bytes
-    assert elapsed < LIMITS.wall_seconds  # stopped by the output limit, not the wall clock (a loaded machine is slow)
+# A wall limit far above what a loaded CI machine needs to start a sandbox: what stops these runs must be the limit
+# under test (the error says which), not the clock.
+ROOMY = SandboxLimits(cpu_seconds=5, wall_seconds=60, memory_mb=256, output_bytes=4096, max_processes=8)
 
 
-def test_fork_bomb_is_bounded(sandbox: PythonSandbox) -> None:
+def test_output_flood_is_truncated() -> None:
+    result, elapsed = timed_run(PythonSandbox(ROOMY), "while True:\n    print('x' * 1000)")
+    assert result.output_truncated and result.error == "output exceeded 4096 bytes", result.error
+    assert len(result.stdout.encode()) == ROOMY.output_bytes
+    assert not result.timed_out and elapsed < ROOMY.wall_seconds
+
+
+def test_fork_bomb_is_bounded() -> None:
     code = """import os, time
 count = 0
 try:
@@ -151,11 +156,11 @@ try:
         count += 1
 except BlockingIOError as exc:
     print("stopped after", count, type(exc).__name__)"""
-    result, elapsed = timed_run(sandbox, code)
+    result, elapsed = timed_run(PythonSandbox(ROOMY), code)
     words = result.stdout.split()
     assert words[:2] == ["stopped", "after"] and words[3] == "BlockingIOError", result.to_text()
-    assert int(words[2]) < LIMITS.max_processes
-    assert elapsed < LIMITS.wall_seconds and not processes_with(result.run_id)
+    assert int(words[2]) < ROOMY.max_processes
+    assert not result.timed_out and elapsed < ROOMY.wall_seconds and not processes_with(result.run_id)
 
 
 def test_forked_children_do_not_outlive_the_run(sandbox: PythonSandbox) -> None:

@@ -20,6 +20,8 @@ from typing import Any, Protocol
 
 import torch
 
+from verl.utils.torch_dtypes import to_torch_dtype
+
 __all__ = [
     "CheckpointEngine",
     "CheckpointEngineRegistry",
@@ -54,14 +56,12 @@ def tensor_digest(tensor: torch.Tensor) -> str:
 
 
 def _to_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype
-    aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
-    name = aliases.get(dtype, dtype)
-    value = getattr(torch, name, None)
-    if not isinstance(value, torch.dtype) or not value.is_floating_point:
-        raise ValueError(f"unknown rollout dtype {dtype!r}; use bfloat16, float16 or float32")
-    return value
+    if dtype is None:
+        return None
+    try:
+        return to_torch_dtype(dtype)
+    except ValueError as exc:
+        raise ValueError(f"rollout dtype: {exc}") from None
 
 
 class CheckpointEngine:

@@ -28,8 +28,8 @@ from verl.model_merger.hf_export import (
     load_reference_state_dict,
     save_hf_model,
 )
+from verl.utils.torch_dtypes import to_torch_dtype
 from verl.workers.engine.checkpoint import METADATA_FILE, check_checkpoint_files
-from verl.workers.engine.hf_model import torch_dtype
 
 __all__ = [
     "HF_CONFIG_FOLDER",
@@ -51,8 +51,8 @@ HF_CONFIG_FOLDER = "huggingface"
 
 
 def _torch_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
-    """``dtype`` as a torch dtype: the names ``fsdp_config.dtype`` accepts (float32/fp32, bfloat16/bf16, ...)."""
-    return dtype if dtype is None or isinstance(dtype, torch.dtype) else torch_dtype(dtype)
+    """``dtype`` as a torch dtype: the names of `verl.utils.torch_dtypes` (float32/fp32, bfloat16/bf16, ...)."""
+    return None if dtype is None else to_torch_dtype(dtype)
 
 
 def load_fsdp_model_state_dict(local_dir: str, dtype: torch.dtype | str | None = None) -> dict[str, torch.Tensor]:

@@ -107,7 +107,7 @@ def test_built_from_omegaconf_with_nested_groups():
         ({"free_cache_engine": 1}, "rollout.free_cache_engine=1 must be true or false"),
         ({"prompt_length": 0}, "rollout.prompt_length=0 must be an integer >= 1"),
         ({"response_length": 0}, "rollout.response_length=0 must be an integer >= 1"),
-        ({"dtype": "int8"}, r"rollout.dtype='int8'; use one of \['float32'"),
+        ({"dtype": "int8"}, r"rollout.dtype='int8'; use one of \['fp32'"),
         ({"seed": 1.5}, "rollout.seed=1.5 must be an integer"),
         ({"gpu_memory_utilization": 0}, r"rollout.gpu_memory_utilization=0 must be in \(0, 1\]"),
         ({"tensor_model_parallel_size": 0}, "rollout.tensor_model_parallel_size=0 must be an integer >= 1"),

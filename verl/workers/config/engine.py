@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from verl.base_config import BaseConfig
+from verl.utils.torch_dtypes import DTYPE_NAMES, canonical_dtype_name
 
 __all__ = [
     "DTYPE_NAMES",
@@ -30,16 +31,6 @@ logger = logging.getLogger(__name__)
 # Strategy names that select the FSDP engine (see verl.workers.engine.get_engine_class).
 FSDP_STRATEGIES = ("fsdp", "fsdp2")
 
-# Accepted spellings of a floating-point dtype → the ``torch`` attribute name.
-DTYPE_NAMES = {
-    "fp32": "float32",
-    "float32": "float32",
-    "bf16": "bfloat16",
-    "bfloat16": "bfloat16",
-    "fp16": "float16",
-    "float16": "float16",
-}
-
 # Keys of ``wrap_policy``: FSDP2 shards each transformer block; ``transformer_layer_cls_to_wrap`` overrides the block
 # classes (default: the model's ``_no_split_modules``); ``min_num_params`` is accepted for veRL compatibility (FSDP1's
 # size-based policy; the engine does not use it); ``disable: true`` shards only the root module.
@@ -47,13 +38,6 @@ WRAP_POLICY_KEYS = ("min_num_params", "transformer_layer_cls_to_wrap", "disable"
 
 # Keys of ``mixed_precision`` (each a dtype name, except the boolean ``cast_forward_inputs``).
 MIXED_PRECISION_KEYS = ("param_dtype", "reduce_dtype", "buffer_dtype", "cast_forward_inputs")
-
-
-def canonical_dtype_name(name: str) -> str:
-    """``"bf16"`` → ``"bfloat16"`` etc.; raises ValueError listing the accepted names."""
-    if name not in DTYPE_NAMES:
-        raise ValueError(f"unknown dtype {name!r}; use one of {list(DTYPE_NAMES)}")
-    return DTYPE_NAMES[name]
 
 
 def _is_int(value: object) -> bool:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verl.base_config import BaseConfig
+from verl.utils.torch_dtypes import DTYPE_NAMES
 from verl.workers.config.profiler import RoleProfilerConfig
 
 __all__ = [
@@ -32,8 +33,8 @@ __all__ = [
 # Engines a config may name (see verl.workers.rollout.get_rollout_class for how each is loaded).
 ROLLOUT_NAMES = ("hf", "vllm", "sglang")
 ROLLOUT_MODES = ("sync", "async")
-# Accepted spellings of the engine dtype (the torch dtype each means is resolved by the engine).
-ROLLOUT_DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+# Accepted spellings of the engine dtype: the one table of `verl.utils.torch_dtypes`.
+ROLLOUT_DTYPES = tuple(DTYPE_NAMES)
 _TRUNCATE_SIDES = ("left", "right", "middle")
 
 

@@ -29,12 +29,13 @@ import torch.distributed as dist
 
 from verl.base_config import omega_conf_to_dataclass
 from verl.utils.device import get_device_name, get_torch_device
+from verl.utils.torch_dtypes import to_torch_dtype
 from verl.workers.config.engine import FSDPEngineConfig
 from verl.workers.config.optimizer import FSDPOptimizerConfig
 from verl.workers.engine import checkpoint, offload
 from verl.workers.engine.full_state import iter_full_tensors
 from verl.workers.engine.hf_folder import HF_FOLDER, check_same_model, save_hf_folder
-from verl.workers.engine.hf_model import FORWARD_ONLY_ROLES, ROLES, VALUE_MODEL_ROLES, load_hf_model, torch_dtype
+from verl.workers.engine.hf_model import FORWARD_ONLY_ROLES, ROLES, VALUE_MODEL_ROLES, load_hf_model
 from verl.workers.engine.lr_schedule import build_lr_scheduler
 from verl.workers.engine.optim import build_optimizer, clip_grad_norm_and_step
 from verl.workers.engine.registry import register_engine
@@ -125,7 +126,7 @@ class FSDPEngine:
         model = load_hf_model(
             model_path,
             value_model=self.is_value_model,
-            dtype=torch_dtype(cfg.model_dtype),
+            dtype=to_torch_dtype(cfg.model_dtype),
             seed=cfg.seed,
             trust_remote_code=trust_remote_code,
             override_config=override_config,

@@ -9,9 +9,7 @@ from typing import Any
 
 import torch
 
-from verl.workers.config.engine import canonical_dtype_name
-
-__all__ = ["FORWARD_ONLY_ROLES", "ROLES", "VALUE_MODEL_ROLES", "decoder_layer_classes", "load_hf_model", "torch_dtype"]
+__all__ = ["FORWARD_ONLY_ROLES", "ROLES", "VALUE_MODEL_ROLES", "decoder_layer_classes", "load_hf_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -20,11 +18,6 @@ ROLES = ("actor", "ref", "critic", "reward_model")
 VALUE_MODEL_ROLES = ("critic", "reward_model")
 # Roles that never train: their engines build no optimizer whatever fsdp_config.forward_only says.
 FORWARD_ONLY_ROLES = ("ref", "reward_model")
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    """``"bf16"``/``"bfloat16"`` → ``torch.bfloat16`` etc. (the names ``fsdp_config`` accepts)."""
-    return getattr(torch, canonical_dtype_name(name))
 
 
 def load_hf_model(

@@ -10,8 +10,9 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from verl.utils.torch_dtypes import to_torch_dtype
 from verl.workers.config.engine import FSDPEngineConfig
-from verl.workers.engine.hf_model import decoder_layer_classes, torch_dtype
+from verl.workers.engine.hf_model import decoder_layer_classes
 
 __all__ = ["apply_fsdp2", "build_device_mesh", "mixed_precision_policy", "reshard_all", "to_mesh_device"]
 
@@ -33,9 +34,9 @@ def mixed_precision_policy(config: FSDPEngineConfig) -> MixedPrecisionPolicy | N
     """``MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=float32)`` when the compute dtype differs from
     ``model_dtype``; ``fsdp_config.mixed_precision`` overrides its fields. None: compute in the model dtype."""
     override = config.mixed_precision or {}
-    param_dtype = torch_dtype(override.get("param_dtype", config.dtype))
-    reduce_dtype = torch_dtype(override.get("reduce_dtype", "float32"))
-    if param_dtype == torch_dtype(config.model_dtype) and "reduce_dtype" not in override:
+    param_dtype = to_torch_dtype(override.get("param_dtype", config.dtype))
+    reduce_dtype = to_torch_dtype(override.get("reduce_dtype", "float32"))
+    if param_dtype == to_torch_dtype(config.model_dtype) and "reduce_dtype" not in override:
         return None
     if "buffer_dtype" in override:
         logger.info("fsdp_config.mixed_precision.buffer_dtype is ignored: FSDP2 keeps buffers in the model dtype")

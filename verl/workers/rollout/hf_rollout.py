@@ -20,10 +20,11 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
+from verl.utils.torch_dtypes import to_torch_dtype
 from verl.workers.config.rollout import RolloutConfig
 from verl.workers.rollout.base import BaseRollout, register_rollout
 from verl.workers.rollout.hf_batch import RunningBatch
-from verl.workers.rollout.request import TORCH_DTYPES, as_id_list, sample_seed
+from verl.workers.rollout.request import as_id_list, sample_seed
 from verl.workers.rollout.serving import RequestState, SamplingSpec
 
 __all__ = ["HFRollout", "sample_seed", "sample_tokens"]
@@ -99,7 +100,7 @@ class HFRollout(BaseRollout):
         hf_kwargs = self.config.engine_kwargs.get("hf", {})
         if not isinstance(hf_kwargs, collections.abc.Mapping):
             raise ValueError(f"rollout.engine_kwargs.hf must be a mapping, got {type(hf_kwargs).__name__}")
-        self.dtype = TORCH_DTYPES[self.config.dtype]
+        self.dtype = to_torch_dtype(self.config.dtype)
         dtype_key = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
         model = transformers.AutoModelForCausalLM.from_pretrained(
             self.model_path, **{dtype_key: self.dtype, **hf_kwargs}

@@ -17,7 +17,6 @@ import torch
 from verl.protocol import DataProto
 
 __all__ = [
-    "TORCH_DTYPES",
     "GenerationPlan",
     "as_id_list",
     "as_int",
@@ -28,14 +27,6 @@ __all__ = [
     "sequence_tensors",
 ]
 
-TORCH_DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 

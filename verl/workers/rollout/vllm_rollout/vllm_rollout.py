@@ -48,6 +48,7 @@ import torch
 import torch.distributed as dist
 
 from verl.utils.rng import get_rng_state, set_rng_state
+from verl.utils.torch_dtypes import canonical_dtype_name
 from verl.workers.config.rollout import RolloutConfig
 from verl.workers.rollout.base import BaseRollout, register_rollout
 from verl.workers.rollout.request import as_id_list
@@ -168,7 +169,7 @@ class vLLMRollout(BaseRollout):  # noqa: N801 - veRL's public name
         max_model_len = cfg.max_model_len or cfg.prompt_length + cfg.response_length
         engine_kwargs: dict[str, Any] = {
             "model": self.model_path,
-            "dtype": cfg.dtype,
+            "dtype": canonical_dtype_name(cfg.dtype),
             "max_model_len": max_model_len,
             "enforce_eager": cfg.enforce_eager or not on_cuda,
             "seed": cfg.seed,
