@@ -77,7 +77,7 @@ def _child(out_dir: Path) -> dict:
         engine = FSDPEngine(model_dir, {"model_dtype": "float32", "dtype": "float32"}, {"lr": 1e-2})
         rollout = HFRollout(RolloutConfig(dtype="float32", response_length=6, prompt_length=6, n=2), model_dir)
         actor_config = {
-            "ppo_mini_batch_size_per_rank": 4,
+            "ppo_mini_batch_size": 4,
             "ppo_micro_batch_size_per_gpu": 2,
             "clip_ratio": 0.2,
             "loss_agg_mode": "token-mean",

@@ -173,11 +173,15 @@ def test_update_actor_matches_a_single_process_step_and_syncs_the_engine(fresh_h
     batch = batch.union(hybrid.compute_log_prob(batch))
     g = torch.Generator().manual_seed(5)
     batch.batch["advantages"] = torch.randn(len(batch), RESPONSE_LEN, generator=g) * batch.batch["response_mask"]
+    # zero-advantage samples skip the gradient pass: rank 0's four rows all, rank 1's last two (its second
+    # micro-batch). The ranks must agree on every FSDP pass (rank 0 joins rank 1's backward with one inert row).
+    batch.batch["advantages"][:4] = 0.0
+    batch.batch["advantages"][6:] = 0.0
     ref_before = hybrid.compute_ref_log_prob(batch).batch["ref_log_prob"]
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     reference = DataParallelPPOActor(
-        {"ppo_mini_batch_size_per_rank": len(batch), "ppo_micro_batch_size_per_gpu": len(batch), "grad_clip": 1.0},
+        {"ppo_mini_batch_size": len(batch), "ppo_micro_batch_size_per_gpu": len(batch), "grad_clip": 1.0},
         model,
         torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0),
     )
@@ -186,6 +190,8 @@ def test_update_actor_matches_a_single_process_step_and_syncs_the_engine(fresh_h
     metrics = hybrid.update_actor(batch).meta_info["metrics"]
     assert np.mean(metrics["actor/pg_loss"]) == pytest.approx(ref_metrics["actor/pg_loss"][0], rel=1e-4)
     assert metrics["actor/grad_norm"][0] == pytest.approx(ref_metrics["actor/grad_norm"][0], rel=1e-4)
+    assert sorted(metrics["actor/zero_adv_skip_frac"]) == [0.5, 0.75]  # rank 1: 2 of 4; rank 0: 3 of 4 (+1 inert)
+    assert ref_metrics["actor/zero_adv_skip_frac"] == [0.75]  # one process: 6 of 8, none needed to join
 
     after = hybrid.compute_log_prob(batch).batch["old_log_probs"]
     mask = batch.batch["response_mask"]

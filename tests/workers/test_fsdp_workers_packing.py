@@ -111,7 +111,7 @@ def packed_workers(ray_cluster, tiny_model_dir):
 def padded_reference(model_dir: str) -> DataParallelPPOActor:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     rows = len(LENGTHS)
-    cfg = {"ppo_mini_batch_size_per_rank": rows, "ppo_micro_batch_size_per_gpu": rows, "entropy_coeff": 0.01}
+    cfg = {"ppo_mini_batch_size": rows, "ppo_micro_batch_size_per_gpu": rows, "entropy_coeff": 0.01}
     return DataParallelPPOActor(cfg, model, torch.optim.SGD(model.parameters(), lr=LR, weight_decay=0.0))
 
 

@@ -58,7 +58,7 @@ from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
 from verl.utils.dataset.sft_dataset import SFTDataset
 from verl.utils.device import get_nccl_backend
 from verl.utils.distributed import destroy_global_process_group, initialize_global_process_group
-from verl.workers.engine import FSDPEngine
+from verl.workers.engine import get_engine_class
 from verl.workers.engine.hf_folder import HF_FOLDER
 
 __all__ = ["BATCH_KEYS", "EpochOrder", "FSDPSFTTrainer", "create_sft_dataset", "main", "run_sft"]
@@ -192,7 +192,7 @@ class FSDPSFTTrainer:
                 self.total_steps,
             )
         torch.manual_seed(s.seed)
-        self.engine = FSDPEngine(
+        self.engine = get_engine_class(config.model.strategy)(
             s.model_path,
             build_engine_config(config.model, seed=s.seed),
             build_optim_config(config.optim, total_training_steps=self.total_steps),

@@ -53,7 +53,7 @@ from verl.workers.config.builders import (
     build_rollout_config,
 )
 from verl.workers.critic import DataParallelPPOCritic
-from verl.workers.engine import FSDPEngine
+from verl.workers.engine import get_engine_class
 from verl.workers.remote_rollout import RemoteRolloutWeights
 
 __all__ = ["ActorRolloutRefWorker", "CriticWorker", "ProfiledWorker", "RewardModelWorker"]
@@ -185,13 +185,13 @@ class ActorRolloutRefWorker(ProfiledWorker, RemoteRolloutWeights):
             "override_config": model.override_config,
         }
         if self._is_actor:
-            self.actor_engine = FSDPEngine(
+            self.actor_engine = get_engine_class(self.actor_config.strategy)(
                 model.path, self.actor_config.fsdp_config, self.actor_config.optim, role="actor", **common
             )
-            self.actor = DataParallelPPOActor(self.actor_config, self.actor_engine.module, self.actor_engine.optimizer)
+            self.actor = DataParallelPPOActor(self.actor_config, engine=self.actor_engine)
             self._actor_has_dropout = has_active_dropout(self.actor_engine.module)
         if self._is_ref:
-            self.ref_engine = FSDPEngine(
+            self.ref_engine = get_engine_class(self.ref_config.strategy)(
                 model.path,
                 self.ref_config.fsdp_config,
                 None,
@@ -199,7 +199,7 @@ class ActorRolloutRefWorker(ProfiledWorker, RemoteRolloutWeights):
                 trust_remote_code=model.trust_remote_code,
                 override_config=model.override_config,
             )
-            self.ref_policy = DataParallelPPOActor(self.ref_config, self.ref_engine.module)
+            self.ref_policy = DataParallelPPOActor(self.ref_config, engine=self.ref_engine)
         if self._is_rollout:
             from verl.workers.rollout import get_rollout_class
 
@@ -467,7 +467,7 @@ class CriticWorker(ProfiledWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         cfg = self.config
-        self.critic_engine = FSDPEngine(
+        self.critic_engine = get_engine_class(cfg.strategy)(
             cfg.model.path,
             cfg.model.fsdp_config,
             cfg.optim,
@@ -476,7 +476,7 @@ class CriticWorker(ProfiledWorker):
             trust_remote_code=cfg.model.trust_remote_code,
             override_config=cfg.model.override_config,
         )
-        self.critic = DataParallelPPOCritic(cfg, self.critic_engine.module, self.critic_engine.optimizer)
+        self.critic = DataParallelPPOCritic(cfg, engine=self.critic_engine)
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="critic"))
     def compute_values(self, data: DataProto) -> DataProto:
@@ -529,7 +529,7 @@ class RewardModelWorker(ProfiledWorker):
         model_cfg = self.config["model"]
         fsdp_config = dict(model_cfg.get("fsdp_config", {}) or {})
         fsdp_config["forward_only"] = True
-        self.rm_engine = FSDPEngine(
+        self.rm_engine = get_engine_class(self.config.get("strategy", "fsdp"))(
             model_cfg["path"],
             fsdp_config,
             None,

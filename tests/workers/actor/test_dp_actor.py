@@ -43,7 +43,7 @@ def make_batch(seed: int = 0) -> DataProto:
 
 def config(**overrides) -> dict:
     base = {
-        "ppo_mini_batch_size_per_rank": BATCH,
+        "ppo_mini_batch_size": BATCH,
         "ppo_micro_batch_size_per_gpu": BATCH,
         "ppo_epochs": 1,
         "clip_ratio": 0.2,
@@ -213,7 +213,7 @@ def test_kl_loss_and_entropy_terms_match_a_hand_written_step(kl_loss_type, loss_
 
 
 def test_update_errors_are_clear():
-    actor = make_actor(config(ppo_mini_batch_size_per_rank=3))
+    actor = make_actor(config(ppo_mini_batch_size=3, ppo_micro_batch_size_per_gpu=3))
     with pytest.raises(ValueError, match="holds 8 samples, not a multiple of its mini-batch of 3"):
         actor.update_policy(make_batch())
     data = make_batch()
@@ -373,6 +373,6 @@ def test_on_policy_update_needs_one_epoch_and_one_mini_batch():
     data = make_ragged_batch()
     data.meta_info["old_log_prob_in_update"] = True
     with pytest.raises(ValueError, match="one PPO epoch and one mini-batch"):
-        make_actor(config(ppo_mini_batch_size_per_rank=4)).update_policy(data)
+        make_actor(config(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4)).update_policy(data)
     with pytest.raises(ValueError, match="one PPO epoch and one mini-batch"):
         make_actor(config(ppo_epochs=2)).update_policy(data)

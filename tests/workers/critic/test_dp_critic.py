@@ -36,7 +36,7 @@ def make_batch() -> DataProto:
 
 def make_critic(**overrides) -> DataParallelPPOCritic:
     cfg = {
-        "ppo_mini_batch_size_per_rank": BATCH,
+        "ppo_mini_batch_size": BATCH,
         "ppo_micro_batch_size_per_gpu": BATCH,
         "cliprange_value": 0.5,
         "grad_clip": 1e9,
@@ -88,7 +88,7 @@ def test_update_critic_errors():
     with pytest.raises(KeyError, match="returns"):
         make_critic().update_critic(data)
     with pytest.raises(ValueError, match="not a multiple of its mini-batch of 4"):
-        make_critic(ppo_mini_batch_size_per_rank=4).update_critic(make_batch())
+        make_critic(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4).update_critic(make_batch())
     with pytest.raises(RuntimeError, match="needs an optimizer"):
         DataParallelPPOCritic({}, build_tiny_qwen2(value_head=True)).update_critic(make_batch())
 
@@ -130,7 +130,7 @@ def test_remove_padding_and_dynamic_bsz_values_equal_the_padded_path(dynamic):
     [
         {"model": {"use_remove_padding": True}},
         {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 10},
-        {"use_remove_padding": True, "use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 10},
+        {"model": {"use_remove_padding": True}, "use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 10},
     ],
     ids=["remove_padding", "dynamic_bsz", "both"],
 )

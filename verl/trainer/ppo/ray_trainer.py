@@ -145,6 +145,10 @@ class RayPPOTrainer(TrainerGeneration, TrainerCheckpointing, TrainerProfiling, G
         self.rollout_correction = bool(correction.get("rollout_is") or correction.get("rollout_rs"))
         self.old_log_prob_in_update, why_not = old_log_prob_in_update(self)
         logger.info("old log-probs: %s", "from the update's forward" if self.old_log_prob_in_update else why_not)
+        from verl.workers.actor.zero_adv import zero_adv_skip_reason
+
+        why_kept = zero_adv_skip_reason(self.config.actor_rollout_ref.actor)
+        logger.info("zero-advantage samples: %s", f"kept ({why_kept})" if why_kept else "skipped in the update")
         self.state = TrainerState(kl_ctrl=self.kl_ctrl_in_reward, dataloader=self.train_dataloader)
         self.rollout_filter = self._create_rollout_filter()
         self.rollout_source = get_rollout_source_class(trainer.mode)(self)

@@ -22,31 +22,29 @@ import torch
 import torch.distributed as dist
 
 from verl.algorithms.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
+from verl.base_config import omega_conf_to_dataclass
 from verl.protocol import DataProto
 from verl.utils.padding import forward_without_padding, pad_input, takes_logits_to_keep
 from verl.utils.py_functional import call_with_accepted_kwargs
 from verl.utils.seqlen_balancing import rearrange_micro_batches, restore_order
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
-from verl.workers.engine.optim import clip_grad_norm_and_step
+from verl.workers.actor.zero_adv import ZeroAdvantageSkip, zero_adv_skip_reason
+from verl.workers.config.actor import ActorConfig, RefConfig
+from verl.workers.engine.base import ModuleEngine, TrainingEngine
 
 __all__ = ["DataParallelPPOActor", "global_counts", "split_micro_batches"]
 
 logger = logging.getLogger(__name__)
 
 
-def _get(config: Any, key: str, default: Any = None) -> Any:
-    value = config.get(key, default) if hasattr(config, "get") else getattr(config, key, default)
-    return default if value is None else value
-
-
 def iter_mini_batches(data: DataProto, config: Any, mini_size: int):
-    """``ppo_epochs`` passes over ``data`` in mini-batches of ``mini_size`` rows (reshuffled per epoch with
+    """``config.ppo_epochs`` passes over ``data`` in mini-batches of ``mini_size`` rows (reshuffled per epoch with
     ``data_loader_seed + epoch`` when ``shuffle``). Yields ``(mini_batch, global batch info, local token count)``:
     the info (dp size, tokens and sequences over all ranks) is what ``agg_loss`` needs to be split-invariant."""
-    for epoch in range(int(_get(config, "ppo_epochs", 1))):
+    for epoch in range(config.ppo_epochs):
         order = data
-        if bool(_get(config, "shuffle", False)):
-            generator = torch.Generator().manual_seed(int(_get(config, "data_loader_seed", 42)) + epoch)
+        if config.shuffle:
+            generator = torch.Generator().manual_seed(config.data_loader_seed + epoch)
             order = data.select_idxs(torch.randperm(len(data), generator=generator))
         for mini_batch in order.split(mini_size):
             mask = mini_batch.batch["response_mask"]
@@ -89,24 +87,43 @@ class DataParallelPPOActor:
     """The PPO actor on one data-parallel rank.
 
     Args:
-        config: the actor config (``ActorConfig`` or a mapping with the same keys). Per-rank sizes are read from
-            ``ppo_mini_batch_size_per_rank`` (derived by the worker: ppo_mini_batch_size × rollout.n ÷ dp) and
-            ``ppo_micro_batch_size_per_gpu``.
-        actor_module: the policy model (a HF causal LM, typically FSDP2-sharded).
-        actor_optimizer: its optimizer; needed for ``update_policy`` only.
+        config: the actor config: an ``ActorConfig`` (or ``RefConfig`` for a log-prob-only policy), or a mapping of
+            ``ActorConfig`` fields. Per-rank sizes come from ``ppo_mini_batch_size_per_rank`` (ppo_mini_batch_size ×
+            rollout_n ÷ data_parallel_size) and ``ppo_micro_batch_size_per_gpu``.
+        actor_module, actor_optimizer: veRL's signature: a model (and optimizer) built by the caller, wrapped in a
+            :class:`~verl.workers.engine.base.ModuleEngine`. Give ``engine`` instead to step through a training
+            engine (the worker passes its ``FSDPEngine``).
+        engine: the training engine whose ``module`` is forwarded and whose ``clip_grad_norm_and_step`` and
+            ``eval_mode`` the actor uses.
     """
 
     def __init__(
-        self, config: Any, actor_module: torch.nn.Module, actor_optimizer: torch.optim.Optimizer | None = None
+        self,
+        config: Any,
+        actor_module: torch.nn.Module | None = None,
+        actor_optimizer: torch.optim.Optimizer | None = None,
+        *,
+        engine: TrainingEngine | None = None,
     ):
-        self.config = config
-        self.actor_module = actor_module
-        self.actor_optimizer = actor_optimizer
-        self.use_remove_padding = bool(_get(config, "use_remove_padding", False))
+        self.config: ActorConfig | RefConfig = (
+            config if isinstance(config, ActorConfig | RefConfig) else omega_conf_to_dataclass(config, ActorConfig)
+        )
+        if engine is None:
+            if actor_module is None:
+                raise ValueError("DataParallelPPOActor needs actor_module (and an optimizer to train) or an engine")
+            engine = ModuleEngine(actor_module, actor_optimizer)
+        self.engine = engine
+        self.actor_module = engine.module
+        self.actor_optimizer = engine.optimizer
+        self.use_remove_padding = bool(self.config.use_remove_padding)
         # the LM head on the positions that read response tokens only (the prompt's logits are never used)
-        self._response_logits_only = takes_logits_to_keep(actor_module)
+        self._response_logits_only = takes_logits_to_keep(self.actor_module)
         # filled by an on-policy update_policy: the old log-probs and entropys its forward computed
         self.on_policy_outputs: dict[str, torch.Tensor] | None = None
+        # why zero-advantage samples are not skipped in the update (None: they are); see verl.workers.actor.zero_adv
+        self.zero_adv_skip_reason = (
+            zero_adv_skip_reason(self.config) if isinstance(self.config, ActorConfig) else "a log-prob-only policy"
+        )
 
     # ------------------------------------------------------------------ forward
     def _forward_micro_batch(
@@ -188,15 +205,13 @@ class DataParallelPPOActor:
             bool(meta.get("use_dynamic_bsz", False)),
             meta.get("max_token_len"),
         )
-        self.actor_module.eval()
         parts: dict[str, list[torch.Tensor]] = defaultdict(list)
-        for micro in micro_batches:
-            for key, value in self._forward_micro_batch(
-                micro, temperature, calculate_entropy, calculate_sum_pi_squared
-            ).items():
-                parts[key].append(value)
-        if hasattr(self.actor_module, "reshard"):  # FSDP2: free the gathered params after a no-grad pass
-            self.actor_module.reshard()
+        with self.engine.eval_mode():  # eval, no grad; FSDP2 frees the gathered parameters after
+            for micro in micro_batches:
+                for key, value in self._forward_micro_batch(
+                    micro, temperature, calculate_entropy, calculate_sum_pi_squared
+                ).items():
+                    parts[key].append(value)
         if order is not None:
             return {key: restore_order(values, order) for key, values in parts.items()}
         return {key: torch.cat(values) for key, values in parts.items()}
@@ -210,6 +225,9 @@ class DataParallelPPOActor:
         needs no ``old_log_probs``: the update's own forward, before any step, computes the same log-probs as a
         separate pass would, so they serve as the old ones (detached), and they and the entropys are kept in
         :attr:`on_policy_outputs` (rows in ``data``'s order).
+
+        Unless :attr:`zero_adv_skip_reason` says why not, samples whose advantage is exactly zero skip the gradient
+        pass (`verl.workers.actor.zero_adv`); ``actor/zero_adv_skip_frac`` is the fraction skipped.
         """
         if self.actor_optimizer is None:
             raise RuntimeError("update_policy needs an optimizer: this actor was built for inference only")
@@ -217,25 +235,22 @@ class DataParallelPPOActor:
         on_policy = bool(data.meta_info.get("old_log_prob_in_update", False))
         self.on_policy_outputs = None
         temperature = float(data.meta_info.get("temperature", 1.0))
-        mini_size = int(_get(cfg, "ppo_mini_batch_size_per_rank", len(data)))
-        micro_size = int(_get(cfg, "ppo_micro_batch_size_per_gpu", mini_size))
-        use_dynamic_bsz = bool(_get(cfg, "use_dynamic_bsz", False))
-        max_token_len = _get(cfg, "ppo_max_token_len_per_gpu", 16384)
+        mini_size = cfg.ppo_mini_batch_size_per_rank
+        micro_size = cfg.ppo_micro_batch_size_per_gpu or mini_size
         if len(data) % mini_size:
             raise ValueError(
                 f"this rank holds {len(data)} samples, not a multiple of its mini-batch of {mini_size} "
                 "(actor.ppo_mini_batch_size × rollout.n ÷ data-parallel size)"
             )
-        if on_policy and (int(_get(cfg, "ppo_epochs", 1)) != 1 or mini_size != len(data)):
+        if on_policy and (cfg.ppo_epochs != 1 or mini_size != len(data)):
             raise ValueError(
                 "old_log_prob_in_update needs one PPO epoch and one mini-batch (the update's first forward is then "
-                f"the old policy's); got ppo_epochs={_get(cfg, 'ppo_epochs', 1)}, {len(data) // mini_size} mini-batches"
+                f"the old policy's); got ppo_epochs={cfg.ppo_epochs}, {len(data) // mini_size} mini-batches"
             )
         keys = ["responses", "response_mask", "input_ids", "attention_mask", "position_ids", "advantages"]
         if not on_policy:
             keys.append("old_log_probs")
-        use_kl_loss = bool(_get(cfg, "use_kl_loss", False))
-        if use_kl_loss:
+        if cfg.use_kl_loss:
             keys.append("ref_log_prob")
         if "rollout_is_weights" in data.batch.keys():
             keys.append("rollout_is_weights")
@@ -243,26 +258,27 @@ class DataParallelPPOActor:
         if missing:
             raise KeyError(f"update_policy needs batch keys {missing}")
         data = data.select(batch_keys=keys)
-        loss_mode = _get(_get(cfg, "policy_loss", {}), "loss_mode", "vanilla")
-        policy_loss_fn = get_policy_loss_fn(loss_mode)
-        loss_agg_mode = _get(cfg, "loss_agg_mode", "token-mean")
-        entropy_coeff = float(_get(cfg, "entropy_coeff", 0.0))
-        calculate_entropy = entropy_coeff != 0 or bool(_get(cfg, "calculate_entropy", False))
-        grad_clip = float(_get(cfg, "grad_clip", 1.0))
+        policy_loss_fn = get_policy_loss_fn(cfg.policy_loss.loss_mode)
+        calculate_entropy = cfg.entropy_coeff != 0 or cfg.calculate_entropy
 
         metrics: dict[str, list[float]] = defaultdict(list)
         recorded: dict[str, list[torch.Tensor]] = defaultdict(list)
         self.actor_module.train()
         for mini_batch, batch_info, local_tokens in iter_mini_batches(data, cfg, mini_size):
-            loss_config = self._with_batch_info(batch_info)
+            loss_config = dataclasses.replace(cfg, global_batch_info=batch_info)
             sums: dict[str, float] = defaultdict(float)
-            micro_batches, order = split_micro_batches(mini_batch, micro_size, use_dynamic_bsz, max_token_len)
-            for micro in micro_batches:
+            micro_batches, order = split_micro_batches(
+                mini_batch, micro_size, cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu
+            )
+            backward_ran, skipped = False, 0
+            for index, micro in enumerate(micro_batches):
                 mb = micro.batch
                 mask = mb["response_mask"]
-                forward = self._forward_micro_batch(
-                    micro, temperature, calculate_entropy or on_policy, entropy_grad=calculate_entropy
+                must_backward = index == len(micro_batches) - 1 and not backward_ran
+                forward, has_graph, n_skipped = self._forward_for_update(
+                    micro, temperature, calculate_entropy, on_policy, must_backward
                 )
+                skipped += n_skipped
                 log_prob = forward["log_probs"]
                 entropy = forward.get("entropys") if calculate_entropy else None
                 if on_policy:
@@ -274,30 +290,34 @@ class DataParallelPPOActor:
                     log_prob=log_prob,
                     advantages=mb["advantages"],
                     response_mask=mask,
-                    loss_agg_mode=loss_agg_mode,
+                    loss_agg_mode=cfg.loss_agg_mode,
                     config=loss_config,
                     rollout_is_weights=mb["rollout_is_weights"] if "rollout_is_weights" in mb.keys() else None,
                 )
                 loss = pg_loss
                 sums["actor/pg_loss"] += float(pg_loss.detach())
                 if entropy is not None:
-                    entropy_loss = agg_loss(entropy, mask, loss_agg_mode, **batch_info)
+                    entropy_loss = agg_loss(entropy, mask, cfg.loss_agg_mode, **batch_info)
                     sums["actor/entropy"] += float(entropy_loss.detach())
-                    loss = loss - entropy_coeff * entropy_loss
-                if use_kl_loss:
-                    kld = kl_penalty(log_prob, mb["ref_log_prob"], _get(cfg, "kl_loss_type", "low_var_kl"))
-                    kl_loss = agg_loss(kld, mask, loss_agg_mode, **batch_info)
-                    loss = loss + float(_get(cfg, "kl_loss_coef", 0.001)) * kl_loss
+                    loss = loss - cfg.entropy_coeff * entropy_loss
+                if cfg.use_kl_loss:
+                    kld = kl_penalty(log_prob, mb["ref_log_prob"], cfg.kl_loss_type)
+                    kl_loss = agg_loss(kld, mask, cfg.loss_agg_mode, **batch_info)
+                    loss = loss + cfg.kl_loss_coef * kl_loss
                     sums["actor/kl_loss"] += float(kl_loss.detach())
-                loss.backward()
+                if has_graph:
+                    loss.backward()
+                    backward_ran = True
                 for key, value in pg_metrics.items():  # per-token rates: weight micro-batches by their tokens
                     sums[key] += float(value) * float(mask.sum()) / local_tokens
-            grad_norm = clip_grad_norm_and_step(self.actor_module, self.actor_optimizer, grad_clip)
+            grad_norm = self.engine.clip_grad_norm_and_step(cfg.grad_clip)
             for key, value in sums.items():
                 metrics[key].append(value)
             metrics["actor/grad_norm"].append(grad_norm)
-            if use_kl_loss:
-                metrics["actor/kl_coef"].append(float(_get(cfg, "kl_loss_coef", 0.001)))
+            if self.zero_adv_skip_reason is None:
+                metrics["actor/zero_adv_skip_frac"].append(skipped / len(mini_batch))
+            if cfg.use_kl_loss:
+                metrics["actor/kl_coef"].append(cfg.kl_loss_coef)
             if on_policy:
                 self.on_policy_outputs = {
                     key: restore_order(values, order) if order is not None else torch.cat(values)
@@ -305,12 +325,24 @@ class DataParallelPPOActor:
                 }
         return dict(metrics)
 
-    def _with_batch_info(self, batch_info: dict[str, Any]) -> Any:
-        """The config with ``global_batch_info`` set for one mini-batch (a new frozen config, or a dict copy)."""
-        if dataclasses.is_dataclass(self.config) and "global_batch_info" in {
-            f.name for f in dataclasses.fields(self.config)
-        }:
-            return dataclasses.replace(self.config, global_batch_info=batch_info)
-        as_dict = dict(self.config)
-        as_dict["global_batch_info"] = batch_info
-        return as_dict
+    def _forward_for_update(
+        self, micro: DataProto, temperature: float, calculate_entropy: bool, on_policy: bool, must_backward: bool
+    ) -> tuple[dict[str, torch.Tensor], bool, int]:
+        """The update's forward of one micro-batch: full-size ``log_probs`` (and ``entropys`` when the entropy is
+        computed or the update is on-policy), whether they carry a graph to backward through, and how many rows
+        skipped the gradient pass (zero advantage: forwarded without gradients, see `verl.workers.actor.zero_adv`)."""
+        want_entropy = calculate_entropy or on_policy
+        if self.zero_adv_skip_reason is not None:
+            return self._forward_micro_batch(micro, temperature, want_entropy, entropy_grad=calculate_entropy), True, 0
+        plan = ZeroAdvantageSkip(micro.batch["advantages"], micro.batch["response_mask"], must_backward)
+        skipped: dict[str, torch.Tensor] = {}
+        if plan.no_grad_rows is not None:
+            with torch.no_grad():
+                out = self._forward_micro_batch(micro.select_idxs(plan.no_grad_rows), temperature, want_entropy)
+            skipped = out if plan.skipped else {}
+        if not plan.grad_pass:
+            return skipped, False, plan.skipped
+        kept = self._forward_micro_batch(
+            micro.select_idxs(plan.keep_idx), temperature, want_entropy, entropy_grad=calculate_entropy
+        )
+        return plan.assemble(kept, skipped), True, plan.skipped

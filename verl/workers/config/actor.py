@@ -122,6 +122,10 @@ class ActorConfig(BaseConfig):
         skip_on_policy_old_log_prob: when the update is on-policy (one epoch, one mini-batch, the log-prob pass's
             micro-batches, nothing reading the old log-probs before it), take them from the update's own forward
             instead of a separate pass: bit-identical, one forward cheaper (`verl.trainer.ppo.on_policy`).
+        skip_zero_advantage_samples: skip the forward/backward of samples whose advantage is exactly zero (GRPO
+            groups with equal rewards) when nothing else reads them: no KL loss, no entropy bonus, a per-sample
+            policy loss. The loss is unchanged (normalised over the whole mini-batch); the gradient differs only in
+            the order of floating-point sums (`verl.workers.actor.zero_adv`). Metric: ``actor/zero_adv_skip_frac``.
         global_batch_info: set by the actor per micro-batch: ``dp_size``, ``batch_num_tokens``,
             ``global_batch_size`` (and optionally ``loss_scale_factor``), passed to ``agg_loss`` so that the loss does
             not depend on how the batch is split over ranks and micro-batches. Users leave it empty.
@@ -171,6 +175,7 @@ class ActorConfig(BaseConfig):
     ppo_epochs: int = 1
     calculate_sum_pi_squared: bool = False
     skip_on_policy_old_log_prob: bool = True
+    skip_zero_advantage_samples: bool = True
     global_batch_info: dict[str, Any] = field(default_factory=dict)
     # training: batch sizes (ppo_mini_batch_size in prompts, global), engine, optimizer
     strategy: str = "fsdp"
@@ -221,7 +226,13 @@ class ActorConfig(BaseConfig):
         _check_number(f"{prefix}.tau_neg", self.tau_neg, 0.0, strict=True)
         if not isinstance(self.ppo_epochs, int) or isinstance(self.ppo_epochs, bool) or self.ppo_epochs < 1:
             raise ValueError(f"{prefix}.ppo_epochs={self.ppo_epochs!r} must be an integer >= 1")
-        for name in ("calculate_entropy", "use_kl_loss", "calculate_sum_pi_squared", "skip_on_policy_old_log_prob"):
+        for name in (
+            "calculate_entropy",
+            "use_kl_loss",
+            "calculate_sum_pi_squared",
+            "skip_on_policy_old_log_prob",
+            "skip_zero_advantage_samples",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{prefix}.{name}={getattr(self, name)!r} must be true or false")
         if not isinstance(self.global_batch_info, dict):

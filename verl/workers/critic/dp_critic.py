@@ -15,12 +15,14 @@ from typing import Any
 import torch
 
 from verl.algorithms.core_algos import compute_value_loss
+from verl.base_config import omega_conf_to_dataclass
 from verl.protocol import DataProto
 from verl.utils.padding import forward_without_padding, pad_input
 from verl.utils.seqlen_balancing import restore_order
 from verl.utils.torch_functional import masked_mean
-from verl.workers.actor.dp_actor import _get, iter_mini_batches, split_micro_batches
-from verl.workers.engine.optim import clip_grad_norm_and_step
+from verl.workers.actor.dp_actor import iter_mini_batches, split_micro_batches
+from verl.workers.config.critic import CriticConfig
+from verl.workers.engine.base import ModuleEngine, TrainingEngine
 
 __all__ = ["DataParallelPPOCritic"]
 
@@ -29,24 +31,31 @@ class DataParallelPPOCritic:
     """The PPO critic on one data-parallel rank.
 
     Args:
-        config: the critic config (``CriticConfig`` or a mapping): ``ppo_mini_batch_size_per_rank`` (derived by
-            the worker), ``ppo_micro_batch_size_per_gpu``, ``ppo_epochs``, ``cliprange_value``, ``loss_agg_mode``,
-            ``grad_clip``, ``shuffle``, ``data_loader_seed``.
-        critic_module: the value model.
-        critic_optimizer: its optimizer; needed for ``update_critic`` only.
+        config: the critic config: a ``CriticConfig`` or a mapping of its fields (``ppo_mini_batch_size_per_rank``
+            is derived from ppo_mini_batch_size × rollout_n ÷ data_parallel_size).
+        critic_module, critic_optimizer: veRL's signature: a value model (and optimizer) built by the caller, wrapped
+            in a :class:`~verl.workers.engine.base.ModuleEngine`. Give ``engine`` instead to step through a training
+            engine (the worker passes its ``FSDPEngine``).
+        engine: the training engine whose ``module``, ``clip_grad_norm_and_step`` and ``eval_mode`` are used.
     """
 
     def __init__(
-        self, config: Any, critic_module: torch.nn.Module, critic_optimizer: torch.optim.Optimizer | None = None
+        self,
+        config: Any,
+        critic_module: torch.nn.Module | None = None,
+        critic_optimizer: torch.optim.Optimizer | None = None,
+        *,
+        engine: TrainingEngine | None = None,
     ):
-        self.config = config
-        self.critic_module = critic_module
-        self.critic_optimizer = critic_optimizer
-        # veRL reads critic.model.use_remove_padding; a flat mapping may carry it at the top level
-        remove_padding = _get(config, "use_remove_padding", None)
-        if remove_padding is None:
-            remove_padding = _get(_get(config, "model", {}), "use_remove_padding", False)
-        self.use_remove_padding = bool(remove_padding)
+        self.config: CriticConfig = omega_conf_to_dataclass(config, CriticConfig)
+        if engine is None:
+            if critic_module is None:
+                raise ValueError("DataParallelPPOCritic needs critic_module (and an optimizer to train) or an engine")
+            engine = ModuleEngine(critic_module, critic_optimizer)
+        self.engine = engine
+        self.critic_module = engine.module
+        self.critic_optimizer = engine.optimizer
+        self.use_remove_padding = self.config.model.use_remove_padding
 
     def _forward_micro_batch(self, micro_batch: DataProto) -> torch.Tensor:
         """Values of the response tokens. Shape: (micro_bs, response_length); 0 where the reading position is
@@ -86,11 +95,9 @@ class DataParallelPPOCritic:
             bool(meta.get("use_dynamic_bsz", False)),
             meta.get("max_token_len"),
         )
-        self.critic_module.eval()
-        outputs = [self._forward_micro_batch(m) for m in micro_batches]
+        with self.engine.eval_mode():  # eval, no grad; FSDP2 frees the gathered parameters after
+            outputs = [self._forward_micro_batch(m) for m in micro_batches]
         values = restore_order(outputs, order) if order is not None else torch.cat(outputs)
-        if hasattr(self.critic_module, "reshard"):
-            self.critic_module.reshard()
         if "response_mask" in data.batch.keys():
             values = values * data.batch["response_mask"].to(values.dtype)
         return values
@@ -105,22 +112,20 @@ class DataParallelPPOCritic:
         if missing:
             raise KeyError(f"update_critic needs batch keys {missing}")
         data = data.select(batch_keys=keys)
-        mini_size = int(_get(cfg, "ppo_mini_batch_size_per_rank", len(data)))
-        micro_size = int(_get(cfg, "ppo_micro_batch_size_per_gpu", mini_size))
-        use_dynamic_bsz = bool(_get(cfg, "use_dynamic_bsz", False))
-        max_token_len = _get(cfg, "ppo_max_token_len_per_gpu", 32768)
+        mini_size = cfg.ppo_mini_batch_size_per_rank
+        micro_size = cfg.ppo_micro_batch_size_per_gpu or mini_size
         if len(data) % mini_size:
             raise ValueError(
                 f"this rank holds {len(data)} samples, not a multiple of its mini-batch of {mini_size} "
                 "(critic.ppo_mini_batch_size × rollout.n ÷ data-parallel size)"
             )
-        cliprange_value = float(_get(cfg, "cliprange_value", 0.5))
-        loss_agg_mode = _get(cfg, "loss_agg_mode", "token-mean")
         metrics: dict[str, list[float]] = defaultdict(list)
         self.critic_module.train()
         for mini_batch, batch_info, local_tokens in iter_mini_batches(data, cfg, mini_size):
             sums: dict[str, float] = defaultdict(float)
-            micro_batches, _ = split_micro_batches(mini_batch, micro_size, use_dynamic_bsz, max_token_len)
+            micro_batches, _ = split_micro_batches(
+                mini_batch, micro_size, cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu
+            )
             for micro in micro_batches:
                 mb = micro.batch
                 vpreds = self._forward_micro_batch(micro)
@@ -129,8 +134,8 @@ class DataParallelPPOCritic:
                     returns=mb["returns"],
                     values=mb["values"],
                     response_mask=mb["response_mask"],
-                    cliprange_value=cliprange_value,
-                    loss_agg_mode=loss_agg_mode,
+                    cliprange_value=cfg.cliprange_value,
+                    loss_agg_mode=cfg.loss_agg_mode,
                     **batch_info,
                 )
                 vf_loss.backward()
@@ -138,9 +143,7 @@ class DataParallelPPOCritic:
                 sums["critic/vf_loss"] += float(vf_loss.detach())
                 sums["critic/vf_clipfrac"] += float(vf_clipfrac) * weight
                 sums["critic/vpred_mean"] += float(masked_mean(vpreds.detach(), mb["response_mask"])) * weight
-            grad_norm = clip_grad_norm_and_step(
-                self.critic_module, self.critic_optimizer, float(_get(cfg, "grad_clip", 1.0))
-            )
+            grad_norm = self.engine.clip_grad_norm_and_step(cfg.grad_clip)
             for key, value in sums.items():
                 metrics[key].append(value)
             metrics["critic/grad_norm"].append(grad_norm)
