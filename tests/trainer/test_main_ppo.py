@@ -235,28 +235,67 @@ def test_demo_learns_out_of_the_box(main_runs):
     assert min(grad_norms) >= 0 and sum(g > 0 for g in grad_norms) >= len(grad_norms) // 2, grad_norms
 
 
+KEEP_ZERO_ADV = "actor_rollout_ref.actor.skip_zero_advantage_samples=false"
+
+
 @main_run("demo_old_log_prob_pass")
 def prepare_demo_old_log_prob_pass(work: Path) -> Prepared:
-    """The demo's first 4 steps with the old-log-prob pass run on its own (the demo takes them from the update)."""
-    return ["trainer.total_training_steps=4", "actor_rollout_ref.actor.skip_on_policy_old_log_prob=false"], {}
+    """The demo's first 4 steps with the old-log-prob pass run on its own, every sample through the gradient pass."""
+    return [
+        "trainer.total_training_steps=4",
+        "actor_rollout_ref.actor.skip_on_policy_old_log_prob=false",
+        KEEP_ZERO_ADV,
+    ], {}
+
+
+@main_run("demo_zero_adv_kept")
+def prepare_demo_zero_adv_kept(work: Path) -> Prepared:
+    """The demo's first 4 steps with every sample through the gradient pass (the demo skips zero-advantage ones)."""
+    return ["trainer.total_training_steps=4", KEEP_ZERO_ADV], {}
+
+
+def data_records(run: MainRun) -> list[dict]:
+    return [r for r in run.records if r.get("data")]
 
 
 @pytest.mark.slow
-@needs("demo", "demo_old_log_prob_pass")
+@needs("demo_zero_adv_kept", "demo_old_log_prob_pass")
 def test_old_log_probs_from_the_update_are_bit_identical_to_their_own_pass(main_runs):
     from tests.trainer.test_checkpoint_resume import comparable  # (that module imports this one)
 
-    skipped, separate = main_runs["demo"], main_runs["demo_old_log_prob_pass"]
+    skipped, separate = main_runs["demo_zero_adv_kept"], main_runs["demo_old_log_prob_pass"]
     assert separate.returncode == 0, separate.output[-3000:]
     assert "old log-probs: from the update's forward" in skipped.output
     assert "old log-probs: actor.skip_on_policy_old_log_prob=false" in separate.output
-    steps = [r for r in separate.records if r.get("data")]
+    steps = data_records(separate)
     assert len(steps) == 4 and all("timing_s/old_log_prob" in r["data"] for r in steps)
-    demo = [r for r in skipped.records if r.get("data")][:4]
+    demo = data_records(skipped)
     assert not any("timing_s/old_log_prob" in r["data"] for r in demo)  # the pass really was skipped
     assert {"actor/entropy", "actor/ppo_kl", "training/rollout_probs_diff_max"} <= set(demo[0]["data"])
     for step, (a, b) in enumerate(zip(demo, steps, strict=True), start=1):
         assert comparable(a) == comparable(b), f"step {step}"  # exactly: every metric but wall-clock ones
+
+
+@pytest.mark.slow
+@needs("demo", "demo_zero_adv_kept")
+def test_skipping_zero_advantage_samples_keeps_the_first_update(main_runs):
+    """Step 1 (same weights, same samples): the loss bit for bit, the gradient norm and every other metric within
+    float-sum order; later steps start from weights that differ in the last bits, so they are not compared."""
+    from tests.trainer.test_checkpoint_resume import comparable
+
+    demo, kept = main_runs["demo"], main_runs["demo_zero_adv_kept"]
+    assert "zero-advantage samples: skipped in the update" in demo.output
+    assert "zero-advantage samples: kept (actor.skip_zero_advantage_samples=false)" in kept.output
+    a, b = data_records(demo)[0]["data"], data_records(kept)[0]["data"]
+    assert 0 < a["actor/zero_adv_skip_frac"] < 1 and "actor/zero_adv_skip_frac" not in b
+    assert a["actor/pg_loss"] == b["actor/pg_loss"]
+    assert a["actor/grad_norm"] == pytest.approx(b["actor/grad_norm"], rel=1e-6)
+    skipping, keeping = comparable({"data": a}), comparable({"data": b})
+    skipping.pop("actor/zero_adv_skip_frac")
+    assert skipping.keys() == keeping.keys()
+    for key, value in skipping.items():
+        expected = keeping[key]
+        assert value == (pytest.approx(expected, rel=1e-5, abs=1e-7) if isinstance(value, float) else expected), key
 
 
 @main_run("validation")
