@@ -110,9 +110,8 @@ def build_engine(args: argparse.Namespace, model_dir: str, **overrides: Any):
         **overrides,
     )
     engine_cls = get_rollout_class(args.engine)
-    if args.engine == "vllm":
-        engine_cls.cpu_dense_weights = not args.vllm_packed_weights
-    return engine_cls(config, model_dir)
+    packed = {"readable_weights": not args.vllm_packed_weights} if args.engine == "vllm" else {}
+    return engine_cls(config, model_dir, **packed)
 
 
 # ---------------------------------------------------------------------------------------------- the two paths

@@ -80,9 +80,8 @@ def bench_model(label: str, model_dir: str, args: argparse.Namespace, repeats: i
         top_k=TOP_K,
     )
     engine_cls = get_rollout_class(args.engine)
-    if args.engine == "vllm":
-        engine_cls.cpu_dense_weights = not args.vllm_packed_weights
-    engine = engine_cls(config, model_dir)
+    packed = {"readable_weights": not args.vllm_packed_weights} if args.engine == "vllm" else {}
+    engine = engine_cls(config, model_dir, **packed)
     reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, args.dtype)).eval()
     reference.generation_config.eos_token_id = None  # run to max_new_tokens, like ignore_eos
     params = sum(p.numel() for p in reference.parameters())

@@ -96,10 +96,22 @@ def run_tree(cmd: list[str], cwd: str, env: dict[str, str], log: str) -> tuple[f
     return time.perf_counter() - start, memory
 
 
-def run_ours(work: str, spec: dict, model: str, train_file: str, dtype: str) -> dict:
+REWARD_FILES = {
+    "score": os.path.join(REPO, "verl", "utils", "reward_score", "arithmetic.py"),  # the demo's shaped reward
+    "exact": os.path.join(REPO, "benchmarks", "exact_match_reward.py"),  # 1 for the right number, else 0
+}
+
+
+def run_ours(
+    work: str, spec: dict, model: str, train_file: str, dtype: str, skip_zero_adv: bool = True, reward: str = "score"
+) -> dict:
     log = os.path.join(work, "metrics.jsonl")
     env = dict(os.environ, VERL_FILE_LOGGER_PATH=log, RAY_AUTH_MODE="disabled", HF_HUB_OFFLINE="1")
     keys = ours_overrides(spec, model, train_file, dtype)
+    keys["actor_rollout_ref.actor.skip_zero_advantage_samples"] = str(skip_zero_adv).lower()
+    if reward != "score":
+        keys["custom_reward_function.path"] = REWARD_FILES[reward]
+        keys["custom_reward_function.name"] = "verl_reward"
     keys["hydra.run.dir"] = os.path.join(work, "hydra")
     keys["trainer.default_local_dir"] = os.path.join(work, "ckpt")
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *(f"{k}={v}" for k, v in keys.items())]
@@ -124,17 +136,21 @@ def run_ours(work: str, spec: dict, model: str, train_file: str, dtype: str) -> 
         "stages": stages,
         "update_overhead_s": overhead,
         "outside_stages_s": other,
+        # samples whose gradient pass was skipped (zero advantage), over the timed steps
+        "zero_adv_skip_frac": statistics.mean(s.get("actor/zero_adv_skip_frac", 0.0) for s in timed),
     }
 
 
-def run_trl(python: str, work: str, spec: dict, model: str, rows: list[dict], dtype: str) -> dict:
+def run_trl(
+    python: str, work: str, spec: dict, model: str, rows: list[dict], dtype: str, reward: str = "score"
+) -> dict:
     data = os.path.join(work, "prompts.jsonl")
     with open(data, "w", encoding="utf-8") as f:
         for row in rows:
             f.write(json.dumps({"prompt": row["prompt"], "ground_truth": row["reward_model"]["ground_truth"]}) + "\n")
     trl_spec = dict(spec, model=model, data=data, dtype=dtype, lr=LR, seed=SEED, threads=THREADS)
     trl_spec["output_dir"] = os.path.join(work, "trl_out")
-    trl_spec["reward_file"] = os.path.join(REPO, "verl", "utils", "reward_score", "arithmetic.py")
+    trl_spec["reward_file"] = REWARD_FILES[reward]
     spec_path, out_path = os.path.join(work, "spec.json"), os.path.join(work, "trl.json")
     with open(spec_path, "w", encoding="utf-8") as f:
         json.dump(trl_spec, f)
@@ -157,7 +173,19 @@ def main() -> None:
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     parser.add_argument("--trl-python", default=os.path.join(REPO, ".venv-trl", "bin", "python"))
-    parser.add_argument("--sides", nargs="+", default=["trl", "ours"], choices=["trl", "ours"])
+    parser.add_argument(
+        "--reward",
+        default="score",
+        choices=list(REWARD_FILES),
+        help="score: the demo's shaped reward; exact: 1 for the right number, else 0 (GRPO's usual binary reward)",
+    )
+    parser.add_argument(
+        "--sides",
+        nargs="+",
+        default=["trl", "ours", "ours-noskip"],
+        choices=["trl", "ours", "ours-noskip"],
+        help="ours-noskip: ours with actor.skip_zero_advantage_samples=false",
+    )
     args = parser.parse_args()
     sides = list(args.sides)
     if "trl" in sides and not os.path.exists(args.trl_python):
@@ -189,11 +217,13 @@ def main() -> None:
                 for side in sides:
                     work = tempfile.mkdtemp(dir=tmp, prefix=f"{name}-{dtype}-{side}-")
                     if side == "trl":
-                        result = run_trl(args.trl_python, work, spec, model, used, dtype)
+                        result = run_trl(args.trl_python, work, spec, model, used, dtype, args.reward)
                     else:
-                        result = run_ours(work, spec, model, train_file, dtype)
+                        skip = side == "ours"
+                        result = run_ours(work, spec, model, train_file, dtype, skip_zero_adv=skip, reward=args.reward)
                     results.append({"workload": name, "dtype": dtype, "side": side, **result})
                     print(f"{name} {dtype} {side}: {result['step_s']:.3f} s/step", flush=True)
+    print(f"\nreward: {args.reward}")
     print_report(results)
 
 
@@ -207,21 +237,22 @@ def print_report(results: list[dict]) -> None:
             f"{r['memory'].peak_mib:,.0f} | {r['wall_s']:.0f} |"
         )
     pairs = {(r["workload"], r["dtype"], r["side"]): r for r in results}
-    print("\n| workload | dtype | ours / TRL s/step | ours / TRL memory |")
-    print("|---|---|---:|---:|")
+    print("\n| workload | dtype | side | ours / TRL s/step | ours / TRL memory | samples skipped (zero advantage) |")
+    print("|---|---|---|---:|---:|---:|")
     for (workload, dtype, side), r in pairs.items():
         trl = pairs.get((workload, dtype, "trl"))
-        if side == "ours" and trl:
+        if side.startswith("ours") and trl:
             ratio_mem = r["memory"].peak_mib / trl["memory"].peak_mib
-            print(f"| {workload} | {dtype} | {r['step_s'] / trl['step_s']:.2f} | {ratio_mem:.2f} |")
+            ratio_step, skipped = r["step_s"] / trl["step_s"], f"{r['zero_adv_skip_frac']:.0%}"
+            print(f"| {workload} | {dtype} | {side} | {ratio_step:.2f} | {ratio_mem:.2f} | {skipped} |")
     print("\nours, per-stage seconds (median; the driver's share of update_actor, the step outside the stages):\n")
-    print("| workload | dtype | " + " | ".join(STAGES) + " | update_actor driver share | outside stages |")
-    print("|---|---|" + "---:|" * (len(STAGES) + 2))
+    print("| workload | dtype | side | " + " | ".join(STAGES) + " | update_actor driver share | outside stages |")
+    print("|---|---|---|" + "---:|" * (len(STAGES) + 2))
     for r in results:
-        if r["side"] == "ours":
+        if r["side"].startswith("ours"):
             cells = " | ".join(f"{r['stages'][s]:.3f}" for s in STAGES)
             print(
-                f"| {r['workload']} | {r['dtype']} | {cells} | {r['update_overhead_s'] * 1000:.1f} ms | "
+                f"| {r['workload']} | {r['dtype']} | {r['side']} | {cells} | {r['update_overhead_s'] * 1000:.1f} ms | "
                 f"{r['outside_stages_s'] * 1000:.1f} ms |"
             )
     print("\npeak PSS per process kind (MiB; processes):\n")

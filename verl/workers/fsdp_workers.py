@@ -204,7 +204,11 @@ class ActorRolloutRefWorker(ProfiledWorker, RemoteRolloutWeights):
             from verl.workers.rollout import get_rollout_class
 
             cfg = self.rollout_config
-            self.rollout = get_rollout_class(cfg.name)(config=cfg, model_path=model.path, device=get_device_name())
+            # without verification vLLM may pre-pack its CPU weights (faster; they can no longer be read back)
+            readable = {"readable_weights": self.verify_weight_sync} if cfg.name == "vllm" else {}
+            self.rollout = get_rollout_class(cfg.name)(
+                config=cfg, model_path=model.path, device=get_device_name(), **readable
+            )
             self.checkpoint_engine = get_checkpoint_engine(cfg.checkpoint_engine, dtype=cfg.dtype)
             if self._is_actor:
                 self.update_weights(version=0)
@@ -338,7 +342,13 @@ class ActorRolloutRefWorker(ProfiledWorker, RemoteRolloutWeights):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def set_weight_sync_verification(self, enabled: bool) -> None:
-        """Check every weight sync bit for bit (always on in tests; env ``VERL_VERIFY_WEIGHT_SYNC=1``)."""
+        """Check every weight sync bit for bit (always on in tests; env ``VERL_VERIFY_WEIGHT_SYNC=1``). Call it
+        before ``init_model``: without verification a vLLM engine on CPU is built with packed, write-only weights."""
+        if enabled and not getattr(getattr(self, "rollout", None), "readable_weights", True):
+            raise RuntimeError(
+                "set_weight_sync_verification(True) after init_model: this vLLM engine was built with packed CPU "
+                "weights, which cannot be read back to verify; enable verification before init_model"
+            )
         self.verify_weight_sync = bool(enabled)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

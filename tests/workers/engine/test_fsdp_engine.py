@@ -229,6 +229,37 @@ def _reload_one_rank(rank: int, model_dir: str, out: str) -> None:
     torch.save({"sd": engine.get_full_state_dict(), "lr": engine.get_lr()}, os.path.join(out, "one_rank.pt"))
 
 
+def _plain_and_fsdp2_one_rank(rank: int, model_dir: str, out: str) -> None:
+    """One rank: the plain module (the default) and FSDP2 (plain_single_rank=false) take two steps each; the plain
+    engine's checkpoint is loaded by a fresh FSDP2 engine; a bf16 plain engine takes a step under autocast."""
+    from torch.distributed.tensor import DTensor
+
+    results = {}
+    for name, plain in (("plain", True), ("fsdp2", False)):
+        engine = FSDPEngine(model_dir, _engine_config(plain_single_rank=plain), _optim_config())
+        steps = [_train_step(engine, half) for half in _batch().chunk(WORLD)]
+        results[name] = {
+            "sharded": any(isinstance(p, DTensor) for p in engine.module.parameters()),
+            "steps": steps,
+            "sd": engine.get_full_state_dict(),
+        }
+        if plain:
+            engine.save_checkpoint(os.path.join(out, "plain_ckpt"))
+    reloaded = FSDPEngine(model_dir, _engine_config(plain_single_rank=False), _optim_config())
+    reloaded.load_checkpoint(os.path.join(out, "plain_ckpt"))
+    results["reloaded_sd"] = reloaded.get_full_state_dict()
+    results["reloaded_step"] = _train_step(reloaded, _batch())
+    plain_again = FSDPEngine(model_dir, _engine_config(), _optim_config())
+    plain_again.load_checkpoint(os.path.join(out, "plain_ckpt"))
+    results["plain_again_step"] = _train_step(plain_again, _batch())
+    bf16 = FSDPEngine(model_dir, _engine_config(dtype="bfloat16"), _optim_config())
+    with torch.no_grad():
+        results["bf16_logits_dtype"] = bf16.module(input_ids=_batch()).logits.dtype
+    results["bf16_step"] = _train_step(bf16, _batch())
+    results["bf16_param_dtypes"] = {p.dtype for p in bf16.module.parameters()}
+    torch.save(results, os.path.join(out, "plain_vs_fsdp2.pt"))
+
+
 @pytest.fixture(scope="module")
 def dist_run(tiny_model_dir, tmp_path_factory) -> tuple[str, list[dict]]:
     out = str(tmp_path_factory.mktemp("fsdp_engine"))
@@ -364,6 +395,21 @@ def test_checkpoint_loads_with_another_world_size(dist_run, tiny_model_dir):
     spawn_gloo(_reload_one_rank, 1, tiny_model_dir, out)
     one = torch.load(os.path.join(out, "one_rank.pt"), weights_only=False)
     assert _max_diff(one["sd"], ranks[0]["step1_sd"]) == 0.0 and one["lr"] == ranks[0]["lr_1"]
+
+
+def test_one_rank_plain_module_equals_fsdp2(tiny_model_dir, tmp_path):
+    """At world size 1 the engine skips FSDP2 (only copies there): the same steps bit for bit in float32, and its
+    checkpoints load into FSDP2 engines (and back) exactly."""
+    spawn_gloo(_plain_and_fsdp2_one_rank, 1, tiny_model_dir, str(tmp_path))
+    r = torch.load(tmp_path / "plain_vs_fsdp2.pt", weights_only=False)
+    assert not r["plain"]["sharded"] and r["fsdp2"]["sharded"]
+    assert r["plain"]["steps"] == r["fsdp2"]["steps"]  # (grad norm, lr) of both steps, exactly
+    assert _max_diff(r["plain"]["sd"], r["fsdp2"]["sd"]) == 0.0
+    assert _max_diff(r["reloaded_sd"], r["plain"]["sd"]) == 0.0
+    assert r["reloaded_step"] == r["plain_again_step"]  # the optimizer state and schedule came back too
+    # mixed precision on one rank: bf16 matmuls under autocast, float32 weights (and AdamW state)
+    assert r["bf16_logits_dtype"] == torch.bfloat16 and r["bf16_param_dtypes"] == {torch.float32}
+    assert math.isfinite(r["bf16_step"][0])
 
 
 def test_gradient_checkpointing_gives_the_same_grads(dist_run, reference):

@@ -289,3 +289,42 @@ def test_seeded_samples_do_not_depend_on_what_runs_beside_them(engine):
             assert a.token_ids == b.token_ids
             # measured: equal tokens, log-probs within ~5e-7 (float32 ulps of a differently shaped batch)
             torch.testing.assert_close(torch.tensor(a.log_probs), torch.tensor(b.log_probs), rtol=0, atol=5e-6)
+
+
+def test_packed_cpu_weights_take_weight_pushes(model_dir):
+    """Without weight-sync verification the worker lets vLLM pre-pack its CPU weights (faster, write-only): pushes
+    still land (each reload re-packs), generation follows the pushed model, and reading the weights back is refused."""
+    packed = get_rollout_class("vllm")(
+        config={
+            "name": "vllm",
+            "dtype": "float32",
+            "prompt_length": PROMPT_LEN,
+            "response_length": RESPONSE_LEN,
+            "load_format": "dummy",  # random weights until the first push
+            "seed": 7,
+        },
+        model_path=model_dir,
+        readable_weights=False,
+    )
+    b = prompts(n=1).batch
+    sync = ColocatedCheckpointEngine(bucket_megabytes=0.2, dtype="float32")
+    for seed in (11, 12):  # two pushes: the second must replace the first's packed weights
+        trained = build_tiny_qwen2(seed=seed)
+        sync.send_weights(trained.state_dict().items(), packed, verify=False)
+        out = packed.generate_sequences(prompts(do_sample=False, n=1))
+        expected = trained.generate(
+            input_ids=b["input_ids"],
+            attention_mask=b["attention_mask"],
+            do_sample=False,
+            max_new_tokens=RESPONSE_LEN,
+            eos_token_id=1,
+            pad_token_id=0,
+        )[:, PROMPT_LEN:]
+        for row in range(3):
+            length = int(out.batch["response_mask"][row].sum())
+            assert out.batch["responses"][row, :length].tolist() == expected[row, :length].tolist(), (seed, row)
+        torch.testing.assert_close(out.batch["rollout_log_probs"], hf_log_probs(trained, out), rtol=0, atol=1e-4)
+    with pytest.raises(RuntimeError, match="packed CPU weights"):
+        next(packed.named_weights())
+    with pytest.raises(RuntimeError, match="packed CPU weights"):
+        sync.send_weights(trained.state_dict().items(), packed, verify=True)

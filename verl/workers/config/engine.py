@@ -74,6 +74,10 @@ class FSDPEngineConfig(BaseConfig):
         use_torch_compile: compile the log-prob and entropy helpers with ``torch.compile``.
         entropy_checkpointing: recompute the entropy in backward instead of keeping its activations.
         forward_only: build no optimizer (reference policy, reward model).
+        plain_single_rank: with one rank (world size 1), keep the model a plain module instead of wrapping it in
+            FSDP2, which would only copy (gather into unsharded parameters, concatenate gradients before a no-op
+            reduce-scatter): same results in the model dtype, less time and memory. Mixed precision (``dtype`` ≠
+            ``model_dtype``) then runs under ``torch.autocast``. False: FSDP2 on one rank too.
         strategy: "fsdp" or "fsdp2"; both select the FSDP2 engine.
     """
 
@@ -95,6 +99,7 @@ class FSDPEngineConfig(BaseConfig):
     use_torch_compile: bool = True
     entropy_checkpointing: bool = False
     forward_only: bool = False
+    plain_single_rank: bool = True
     strategy: str = "fsdp"
 
     def __post_init__(self) -> None:
@@ -117,6 +122,7 @@ class FSDPEngineConfig(BaseConfig):
             "use_torch_compile",
             "entropy_checkpointing",
             "forward_only",
+            "plain_single_rank",
         ):
             if not isinstance(getattr(self, name), bool):
                 problems.append(f"{p}.{name}={getattr(self, name)!r} must be true or false")

@@ -39,7 +39,7 @@ from verl.workers.engine.hf_model import FORWARD_ONLY_ROLES, ROLES, VALUE_MODEL_
 from verl.workers.engine.lr_schedule import build_lr_scheduler
 from verl.workers.engine.optim import build_optimizer, clip_grad_norm_and_step
 from verl.workers.engine.registry import register_engine
-from verl.workers.engine.sharding import apply_fsdp2, build_device_mesh, reshard_all
+from verl.workers.engine.sharding import apply_fsdp2, build_device_mesh, plain_module, reshard_all
 
 __all__ = ["FSDPEngine"]
 
@@ -137,7 +137,11 @@ class FSDPEngine:
             model.requires_grad_(False)
         if enable_gradient_checkpointing:
             _enable_activation_checkpointing(model)
-        self.module = apply_fsdp2(model, self.device_mesh, cfg)
+        # one rank: FSDP2 would only copy; a plain module gives the same results (autocast for mixed precision)
+        self.sharded = self.world_size > 1 or not cfg.plain_single_rank or cfg.offload_policy
+        self.module = (
+            apply_fsdp2(model, self.device_mesh, cfg) if self.sharded else plain_module(model, self.device, cfg)
+        )
         self.module.train(not self.forward_only)
 
         self.optimizer: torch.optim.Optimizer | None = None

@@ -14,7 +14,14 @@ from verl.utils.torch_dtypes import to_torch_dtype
 from verl.workers.config.engine import FSDPEngineConfig
 from verl.workers.engine.hf_model import decoder_layer_classes
 
-__all__ = ["apply_fsdp2", "build_device_mesh", "mixed_precision_policy", "reshard_all", "to_mesh_device"]
+__all__ = [
+    "apply_fsdp2",
+    "build_device_mesh",
+    "mixed_precision_policy",
+    "plain_module",
+    "reshard_all",
+    "to_mesh_device",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +81,18 @@ def apply_fsdp2(module: torch.nn.Module, mesh: DeviceMesh, config: FSDPEngineCon
         for layer, following in zip(layers, layers[1:], strict=False):
             layer.set_modules_to_forward_prefetch([following])
     logger.info("FSDP2: %d layer units + root over mesh %s; mixed precision %s", len(layers), tuple(mesh.shape), policy)
+    return module
+
+
+def plain_module(module: torch.nn.Module, device: torch.device, config: FSDPEngineConfig) -> torch.nn.Module:
+    """The one-rank engine's model: ``module`` moved to ``device``, unwrapped. With mixed precision its forward
+    (and so its backward) runs under ``torch.autocast(dtype=param_dtype)``: matmuls in the compute dtype, the
+    weights, gradients and optimizer in the model dtype, as FSDP2's policy keeps them."""
+    module.to(device)
+    policy = mixed_precision_policy(config)
+    if policy is not None and policy.param_dtype != to_torch_dtype(config.model_dtype):
+        module.forward = torch.autocast(device.type, dtype=policy.param_dtype)(module.forward)
+    logger.info("one rank: a plain module (no FSDP2); mixed precision %s", "autocast" if policy else None)
     return module
 
 

@@ -150,12 +150,20 @@ class vLLMRollout(BaseRollout):  # noqa: N801 - veRL's public name
     """
 
     supports_sleep: ClassVar[bool] = False  # set per instance: True on CUDA
-    #: On CPU, keep linear weights dense so they can be read back (verification, ``named_weights``). False lets
-    #: vLLM pre-pack them (faster; benchmarks only).
-    cpu_dense_weights: ClassVar[bool] = True
 
-    def __init__(self, config: RolloutConfig, model_path: str, device: str | torch.device = "cpu", **kwargs: Any):
+    def __init__(
+        self,
+        config: RolloutConfig,
+        model_path: str,
+        device: str | torch.device = "cpu",
+        readable_weights: bool = True,
+        **kwargs: Any,
+    ):
         super().__init__(config, model_path, device, **kwargs)
+        #: On CPU, whether linear weights stay dense so they can be read back (weight-sync verification,
+        #: ``named_weights``). False lets vLLM pre-pack them for oneDNN: faster generation, weights write-only.
+        #: The worker passes False when weight-sync verification is off.
+        self.readable_weights = bool(readable_weights) or torch.device(device).type == "cuda"
         cfg = self.config
         if cfg.tensor_model_parallel_size != 1:
             raise ValueError(
@@ -200,7 +208,7 @@ class vLLMRollout(BaseRollout):  # noqa: N801 - veRL's public name
         engine_kwargs.update(cfg.engine_kwargs.get("vllm", {}) or {})
         from vllm import LLM
 
-        dense = not on_cuda and self.cpu_dense_weights
+        dense = not on_cuda and self.readable_weights
         with preserve_process_state(), _dense_cpu_linear_weights(dense):
             self.llm = LLM(**engine_kwargs)
         if dense:
@@ -218,7 +226,9 @@ class vLLMRollout(BaseRollout):  # noqa: N801 - veRL's public name
         self._asleep = False
         self._requests = EngineRequests(self.llm.llm_engine, self._runner())
         self._init_serving(cfg.max_num_seqs, self.llm.llm_engine.model_config.max_model_len)
-        logger.info("vLLMRollout: %s on %s (%s)", model_path, self.device, cfg.dtype)
+        logger.info(
+            "vLLMRollout: %s on %s (%s%s)", model_path, self.device, cfg.dtype, "" if dense or on_cuda else ", packed"
+        )
 
     # ------------------------------------------------------------------ weights and memory
     def _runner(self) -> Any:
@@ -253,7 +263,14 @@ class vLLMRollout(BaseRollout):  # noqa: N801 - veRL's public name
                 self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": ready})
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The engine's weights under Hugging Face names (fused projections split back)."""
+        """The engine's weights under Hugging Face names (fused projections split back). Raises RuntimeError on an
+        engine built with packed CPU weights (``readable_weights=False``), which cannot be read back."""
+        if not self.readable_weights:
+            raise RuntimeError(
+                "this vLLM engine was built with packed CPU weights (weight-sync verification was off when it was "
+                "built), so its weights cannot be read back; set VERL_VERIFY_WEIGHT_SYNC=1 (or call "
+                "set_weight_sync_verification(True)) before init_model"
+            )
         params = dict(self._model().named_parameters())
         for name, tensor in params.items():
             yield from _unfuse(name, tensor.detach(), self.hf_config)
