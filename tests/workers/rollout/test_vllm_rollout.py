@@ -300,6 +300,7 @@ def test_packed_cpu_weights_take_weight_pushes(model_dir):
             "dtype": "float32",
             "prompt_length": PROMPT_LEN,
             "response_length": RESPONSE_LEN,
+            "tensor_model_parallel_size": 1,
             "load_format": "dummy",  # random weights until the first push
             "seed": 7,
         },
