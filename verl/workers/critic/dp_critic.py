@@ -22,7 +22,7 @@ from verl.utils.seqlen_balancing import restore_order
 from verl.utils.torch_functional import masked_mean
 from verl.workers.actor.dp_actor import iter_mini_batches, split_micro_batches
 from verl.workers.config.critic import CriticConfig
-from verl.workers.engine.base import ModuleEngine, TrainingEngine
+from verl.workers.engine.base import TrainingEngine, as_engine
 
 __all__ = ["DataParallelPPOCritic"]
 
@@ -48,11 +48,7 @@ class DataParallelPPOCritic:
         engine: TrainingEngine | None = None,
     ):
         self.config: CriticConfig = omega_conf_to_dataclass(config, CriticConfig)
-        if engine is None:
-            if critic_module is None:
-                raise ValueError("DataParallelPPOCritic needs critic_module (and an optimizer to train) or an engine")
-            engine = ModuleEngine(critic_module, critic_optimizer)
-        self.engine = engine
+        self.engine = engine = as_engine(engine, critic_module, critic_optimizer, "DataParallelPPOCritic")
         self.critic_module = engine.module
         self.critic_optimizer = engine.optimizer
         self.use_remove_padding = self.config.model.use_remove_padding

@@ -13,14 +13,14 @@ Every engine (``FSDPEngine``, a recipe's own, :class:`ModuleEngine`) offers what
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol, runtime_checkable
 
 import torch
 
 from verl.workers.engine.optim import clip_grad_norm_and_step
 
-__all__ = ["ModuleEngine", "TrainingEngine"]
+__all__ = ["ModuleEngine", "TrainingEngine", "as_engine", "eval_no_grad"]
 
 
 @runtime_checkable
@@ -33,6 +33,25 @@ class TrainingEngine(Protocol):
     def clip_grad_norm_and_step(self, max_norm: float | None = None) -> float: ...
 
     def eval_mode(self) -> contextlib.AbstractContextManager[None]: ...
+
+
+@contextlib.contextmanager
+def eval_no_grad(module: torch.nn.Module, release: Callable[[torch.nn.Module], None]) -> Iterator[None]:
+    """``module.eval()`` and ``torch.no_grad()`` inside; on exit ``release(module)`` (free gathered parameters) and
+    the training flag restored."""
+    was_training = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        release(module)
+        module.train(was_training)
+
+
+def _reshard_root(module: torch.nn.Module) -> None:
+    if hasattr(module, "reshard"):  # an FSDP2 module built by the caller
+        module.reshard()
 
 
 class ModuleEngine:
@@ -57,16 +76,18 @@ class ModuleEngine:
             raise RuntimeError("clip_grad_norm_and_step needs an optimizer: this engine was built for inference only")
         return clip_grad_norm_and_step(self.module, self.optimizer, self.max_norm if max_norm is None else max_norm)
 
-    @contextlib.contextmanager
-    def eval_mode(self) -> Iterator[None]:
+    def eval_mode(self) -> contextlib.AbstractContextManager[None]:
         """``module.eval()`` and ``torch.no_grad()`` inside; the training flag restored and FSDP2 parameters
         resharded on exit."""
-        was_training = self.module.training
-        self.module.eval()
-        try:
-            with torch.no_grad():
-                yield
-        finally:
-            if hasattr(self.module, "reshard"):
-                self.module.reshard()
-            self.module.train(was_training)
+        return eval_no_grad(self.module, _reshard_root)
+
+
+def as_engine(
+    engine: TrainingEngine | None, module: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None, who: str
+) -> TrainingEngine:
+    """``engine``, or a :class:`ModuleEngine` of the caller's ``module`` and ``optimizer`` (veRL's signature)."""
+    if engine is not None:
+        return engine
+    if module is None:
+        raise ValueError(f"{who} needs a module (and an optimizer to train) or an engine")
+    return ModuleEngine(module, optimizer)

@@ -33,6 +33,7 @@ from verl.utils.torch_dtypes import to_torch_dtype
 from verl.workers.config.engine import FSDPEngineConfig
 from verl.workers.config.optimizer import FSDPOptimizerConfig
 from verl.workers.engine import checkpoint, offload
+from verl.workers.engine.base import eval_no_grad
 from verl.workers.engine.full_state import iter_full_tensors
 from verl.workers.engine.hf_folder import HF_FOLDER, check_same_model, save_hf_folder
 from verl.workers.engine.hf_model import FORWARD_ONLY_ROLES, ROLES, VALUE_MODEL_ROLES, load_hf_model
@@ -190,18 +191,10 @@ class FSDPEngine:
         """The learning rate the next optimizer step will use."""
         return float(self._require_optimizer("get_lr").param_groups[0]["lr"])
 
-    @contextlib.contextmanager
-    def eval_mode(self) -> Iterator[None]:
+    def eval_mode(self) -> contextlib.AbstractContextManager[None]:
         """Forward passes without autograd: ``module.eval()`` and ``torch.no_grad()`` inside; on exit the parameters
         are resharded (else the next optimizer state dict fails) and the training flag is restored."""
-        was_training = self.module.training
-        self.module.eval()
-        try:
-            with torch.no_grad():
-                yield
-        finally:
-            reshard_all(self.module)
-            self.module.train(was_training)
+        return eval_no_grad(self.module, reshard_all)
 
     # ------------------------------------------------------------------ offload
     def _cpu_offload_noop(self, what: str) -> bool:
