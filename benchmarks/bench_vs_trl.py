@@ -123,6 +123,8 @@ def run_ours(
     env = dict(os.environ, VERL_FILE_LOGGER_PATH=log, RAY_AUTH_MODE="disabled", HF_HUB_OFFLINE="1")
     keys = ours_overrides(spec, model, train_file, dtype)
     keys["actor_rollout_ref.rollout.name"] = engine  # vllm on CPU: packed weights (no sync verification)
+    if engine == "vllm":
+        keys["actor_rollout_ref.rollout.tensor_model_parallel_size"] = "1"
     keys["actor_rollout_ref.actor.skip_zero_advantage_samples"] = str(skip_zero_adv).lower()
     if reward != "score":
         keys["custom_reward_function.path"] = REWARD_FILES[reward]
