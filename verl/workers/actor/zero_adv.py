@@ -30,7 +30,7 @@ EXACT_LOSS_MODES = ("vanilla", "gspo", "sapo", "gpg", "cispo", "geo_mean")
 
 def zero_adv_skip_reason(config: Any) -> str | None:
     """None when the skip is exact for this actor config; otherwise why it is off (for the start-up log)."""
-    if not getattr(config, "skip_zero_advantage_samples", False):
+    if not config.skip_zero_advantage_samples:
         return "actor.skip_zero_advantage_samples=false"
     if config.use_kl_loss:
         return "the KL loss (use_kl_loss=true) reads every sample"

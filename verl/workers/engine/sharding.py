@@ -90,9 +90,10 @@ def plain_module(module: torch.nn.Module, device: torch.device, config: FSDPEngi
     weights, gradients and optimizer in the model dtype, as FSDP2's policy keeps them."""
     module.to(device)
     policy = mixed_precision_policy(config)
-    if policy is not None and policy.param_dtype != to_torch_dtype(config.model_dtype):
-        module.forward = torch.autocast(device.type, dtype=policy.param_dtype)(module.forward)
-    logger.info("one rank: a plain module (no FSDP2); mixed precision %s", "autocast" if policy else None)
+    compute = None if policy is None or policy.param_dtype == to_torch_dtype(config.model_dtype) else policy.param_dtype
+    if compute is not None:
+        module.forward = torch.autocast(device.type, dtype=compute)(module.forward)
+    logger.info("one rank: a plain module (no FSDP2); autocast to %s", compute)
     return module
 
 
