@@ -245,6 +245,26 @@ def test_stop_at_step_2_then_resume_gives_the_straight_runs_losses(files, straig
                 assert second[step][key] == straight["steps"][step][key], (step, key)
 
 
+def test_lora_run_trains_the_adapters_and_saves_them_merged(files):
+    """LoRA SFT in process, the model loaded from a /dev/shm copy: the loss falls, the checkpoint holds the adapter
+    folder, and its huggingface folder (merged weights) gives the logits of the base model with that adapter."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    overrides = ("model.lora_rank=8", "model.lora_alpha=16", "model.use_shm=true", "optim.lr=3e-2")
+    steps = in_process(files, "lora", *overrides, "trainer.save_freq=4")
+    losses = [steps[s]["train/loss"] for s in range(1, 5)]
+    assert losses[3] < losses[0] - 0.3, losses
+    folder = Path(files["root"]) / "lora" / "ckpt" / "global_step_4"
+    assert (folder / "lora_adapter" / "adapter_model.safetensors").is_file()
+    merged = AutoModelForCausalLM.from_pretrained(folder / "huggingface", dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(files["model"], dtype=torch.float32)
+    adapted = PeftModel.from_pretrained(base, folder / "lora_adapter")
+    ids = torch.randint(3, 200, (2, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids).logits, adapted(ids).logits, rtol=0, atol=1e-5)
+
+
 def test_multi_turn_run_with_a_tool_call_and_a_custom_template(files):
     steps = in_process(
         files,
@@ -360,6 +380,7 @@ def test_bad_keys_fail_before_any_process_group_naming_each(files, tmp_path):
         "data.truncation=middle",
         "ulysses_sequence_parallel_size=2",
         "model.lora_rank=8",
+        "model.lora_alpha=-2",
         "optim.lr_scheduler=wsd",
         "trainer.checkpoint.save_contents=[model]",
     ]
@@ -369,7 +390,7 @@ def test_bad_keys_fail_before_any_process_group_naming_each(files, tmp_path):
     for start in (
         "data.truncation='middle'",
         "ulysses_sequence_parallel_size=2: sequence parallelism",
-        "model.lora_rank=8",
+        "model.lora_alpha=-2 must be a positive number",
         "optim.lr_scheduler='wsd'",
         "trainer.checkpoint.save_contents=['model']",
     ):

@@ -30,6 +30,14 @@ from verl.model_merger.hf_export import (
 )
 from verl.utils.torch_dtypes import to_torch_dtype
 from verl.workers.engine.checkpoint import METADATA_FILE, check_checkpoint_files
+from verl.workers.engine.lora import (
+    ADAPTER_CONFIG_FILE,
+    ADAPTER_FOLDER,
+    is_adapter_name,
+    merged_state_dict,
+    read_adapter_config,
+    sync_name,
+)
 
 __all__ = [
     "HF_CONFIG_FOLDER",
@@ -111,10 +119,35 @@ def check_model_checkpoint_files(local_dir: str) -> None:
 
 
 def load_checkpoint_state_dict(local_dir: str, dtype: torch.dtype | str | None = None) -> dict[str, torch.Tensor]:
-    """The full model state dict of the checkpoint at ``local_dir``, in either layout (see the module docstring)."""
+    """The full model state dict of the checkpoint at ``local_dir``, in either layout (see the module docstring).
+
+    A LoRA checkpoint (peft-wrapped parameters) comes back merged: each adapted weight is ``W + alpha/r · B @ A``
+    under its Hugging Face name, with ``alpha`` and ``r`` read from ``<local_dir>/lora_adapter/adapter_config.json``.
+    """
     if verl_fsdp.is_verl_fsdp_checkpoint(local_dir):
-        return verl_fsdp.load_verl_fsdp_state_dict(local_dir, dtype=_torch_dtype(dtype))
-    return load_fsdp_model_state_dict(local_dir, dtype=dtype)
+        state_dict = verl_fsdp.load_verl_fsdp_state_dict(local_dir)
+    else:
+        state_dict = load_fsdp_model_state_dict(local_dir)
+    if any(is_adapter_name(sync_name(key) or "") for key in state_dict):
+        state_dict = _merge_lora(local_dir, state_dict)
+    cast = _torch_dtype(dtype)
+    if cast is None:
+        return state_dict
+    return {k: v.to(cast) if v.is_floating_point() else v for k, v in state_dict.items()}
+
+
+def _merge_lora(local_dir: str, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state_dict`` (peft keys) with its LoRA adapters merged into plain Hugging Face weights."""
+    folder = os.path.join(local_dir, ADAPTER_FOLDER)
+    try:
+        config = read_adapter_config(folder)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(
+            f"{local_dir} holds LoRA weights, but {folder}/{ADAPTER_CONFIG_FILE} (their rank and alpha) is missing"
+        ) from e
+    merged = merged_state_dict(state_dict, float(config["lora_alpha"]) / int(config["r"]))
+    logger.info("merged the LoRA adapters (rank %s, alpha %s) of %s", config["r"], config["lora_alpha"], local_dir)
+    return merged
 
 
 def resolve_config_dir(local_dir: str, hf_model_config_path: str | None) -> str:

@@ -284,11 +284,6 @@ def load_verl_fsdp_state_dict(local_dir: str, dtype: torch.dtype | None = None) 
     merged: dict[str, torch.Tensor] = {}
     for key, first in reference.items():
         name = _hf_name(key)
-        if "lora_" in name:
-            raise ValueError(
-                f"checkpoint file {files.path(0)} holds LoRA weights ({key}): merging LoRA checkpoints is not "
-                "supported here"
-            )
         if name in merged:
             raise ValueError(f"checkpoint file {files.path(0)}: two entries are named {name} once unwrapped")
         if isinstance(first, DTensor):

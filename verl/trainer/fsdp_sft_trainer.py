@@ -58,6 +58,8 @@ from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
 from verl.utils.dataset.sft_dataset import SFTDataset
 from verl.utils.device import get_nccl_backend
 from verl.utils.distributed import destroy_global_process_group, initialize_global_process_group
+from verl.utils.fs import copy_to_local
+from verl.workers.config.lora import LoraSpec
 from verl.workers.engine import get_engine_class
 from verl.workers.engine.hf_folder import HF_FOLDER
 
@@ -193,12 +195,13 @@ class FSDPSFTTrainer:
             )
         torch.manual_seed(s.seed)
         self.engine = get_engine_class(config.model.strategy)(
-            s.model_path,
+            copy_to_local(s.model_path, use_shm=bool(config.model.get("use_shm", False))),
             build_engine_config(config.model, seed=s.seed),
             build_optim_config(config.optim, total_training_steps=self.total_steps),
             role="actor",
             enable_gradient_checkpointing=s.enable_gradient_checkpointing,
             trust_remote_code=s.trust_remote_code,
+            lora=LoraSpec.from_config(config.model, key="model"),
         )
         self._use_cache = getattr(_source_config(s.model_path, s.trust_remote_code), "use_cache", None)
         self.resume_global_step = 0

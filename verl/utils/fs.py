@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import shutil
+import tempfile
 
 __all__ = [
     "copy",
@@ -120,14 +121,29 @@ def verify_copy(src: str, dest: str) -> bool:
 
 
 def copy_to_shm(src: str) -> str:
-    """Copy the local ``src`` into ``/dev/shm/verl-cache/<md5>/`` (once; reused while it matches) and return it."""
+    """Copy the local ``src`` into ``/dev/shm/verl-cache/<md5>/`` (once; reused while it matches) and return it.
+
+    The copy is written beside its place and renamed into it, so ranks copying at once never read a partial one.
+    """
     src = os.path.abspath(_local(src, "src"))
     dest = os.path.join(_SHM_ROOT, md5_encode(src), os.path.basename(src))
     if os.path.exists(dest) and verify_copy(src, dest):
         logger.info("reusing the shared-memory copy %s of %s", dest, src)
         return dest
     os.makedirs(os.path.dirname(dest), exist_ok=True)
-    copy(src, dest)
+    staging = tempfile.mkdtemp(prefix=".copy-", dir=os.path.dirname(dest))
+    try:
+        copy(src, os.path.join(staging, "copy"))
+        if os.path.exists(dest) and not verify_copy(src, dest):
+            shutil.rmtree(dest, ignore_errors=True) if os.path.isdir(dest) else os.remove(dest)
+        try:
+            os.rename(os.path.join(staging, "copy"), dest)
+        except OSError:  # another process put its (complete) copy there first
+            if not verify_copy(src, dest):
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    logger.info("copied %s to shared memory: %s", src, dest)
     return dest
 
 

@@ -21,6 +21,7 @@ arrives while requests are in flight is refused (``trainer.mode=sync`` trains on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -41,6 +42,7 @@ from verl.single_controller.base.decorator import (
 )
 from verl.utils.device import get_device_name
 from verl.utils.distributed import initialize_global_process_group
+from verl.utils.fs import copy_to_local
 from verl.utils.import_utils import import_external_libs
 from verl.utils.profiler import DistProfiler, DistProfilerExtension, ProfilerConfig
 from verl.utils.torch_functional import has_active_dropout, masked_mean
@@ -52,6 +54,7 @@ from verl.workers.config.builders import (
     build_ref_config,
     build_rollout_config,
 )
+from verl.workers.config.lora import LoraSpec
 from verl.workers.critic import DataParallelPPOCritic
 from verl.workers.engine import get_engine_class
 from verl.workers.remote_rollout import RemoteRolloutWeights
@@ -168,6 +171,10 @@ class ActorRolloutRefWorker(ProfiledWorker, RemoteRolloutWeights):
                 config["actor"], rollout_n=rollout_n, dp_size=self.world_size, model=self.model_config
             )
         self.ref_config = build_ref_config(config.get("ref", {}), model=self.model_config) if self._is_ref else None
+        self.lora = LoraSpec.from_config(self.model_config)
+        # with LoRA the actor is the reference policy too (its adapters disabled): no second copy of the weights
+        self._ref_in_actor = self._is_ref and self._is_actor and self.lora is not None
+        self._base_synced = False  # with LoRA, pushes after the first carry the adapters only
         self.verify_weight_sync = bool(int(os.environ.get("VERL_VERIFY_WEIGHT_SYNC", "0")))
         self._rollout_asleep = False  # the engine's memory is released (sleep); says nothing about its weights
         self._actor_ahead = False  # the actor changed since the last push (update_actor, load_checkpoint)
@@ -179,6 +186,7 @@ class ActorRolloutRefWorker(ProfiledWorker, RemoteRolloutWeights):
         """Build the engines of this worker's roles (every rank together); the rollout gets the actor's weights as
         version 0."""
         model = self.model_config
+        model_path = copy_to_local(model.path, use_shm=model.use_shm)
         common = {
             "enable_gradient_checkpointing": model.enable_gradient_checkpointing,
             "trust_remote_code": model.trust_remote_code,
@@ -186,13 +194,22 @@ class ActorRolloutRefWorker(ProfiledWorker, RemoteRolloutWeights):
         }
         if self._is_actor:
             self.actor_engine = get_engine_class(self.actor_config.strategy)(
-                model.path, self.actor_config.fsdp_config, self.actor_config.optim, role="actor", **common
+                model_path,
+                self.actor_config.fsdp_config,
+                self.actor_config.optim,
+                role="actor",
+                lora=self.lora,
+                **common,
             )
             self.actor = DataParallelPPOActor(self.actor_config, engine=self.actor_engine)
             self._actor_has_dropout = has_active_dropout(self.actor_engine.module)
-        if self._is_ref:
+        if self._ref_in_actor:
+            self.ref_engine = self.actor_engine
+            self.ref_policy = DataParallelPPOActor(self.ref_config, engine=self.actor_engine)
+            logger.info("LoRA: the reference policy is the actor's base model (adapters disabled), no second copy")
+        elif self._is_ref:
             self.ref_engine = get_engine_class(self.ref_config.strategy)(
-                model.path,
+                model_path,
                 self.ref_config.fsdp_config,
                 None,
                 role="ref",
@@ -205,9 +222,11 @@ class ActorRolloutRefWorker(ProfiledWorker, RemoteRolloutWeights):
 
             cfg = self.rollout_config
             # without verification vLLM may pre-pack its CPU weights (faster; they can no longer be read back)
-            readable = {"readable_weights": self.verify_weight_sync} if cfg.name == "vllm" else {}
+            options: dict[str, Any] = {"readable_weights": self.verify_weight_sync} if cfg.name == "vllm" else {}
+            if self.lora is not None:
+                options["lora"] = self.lora
             self.rollout = get_rollout_class(cfg.name)(
-                config=cfg, model_path=model.path, device=get_device_name(), **readable
+                config=cfg, model_path=model_path, device=get_device_name(), **options
             )
             self.checkpoint_engine = get_checkpoint_engine(cfg.checkpoint_engine, dtype=cfg.dtype)
             if self._is_actor:
@@ -310,15 +329,19 @@ class ActorRolloutRefWorker(ProfiledWorker, RemoteRolloutWeights):
             self._check_idle("update_weights")
             self.rollout.wake_up(["weights"])
         bucket = self.rollout_config.checkpoint_engine.update_weights_bucket_megabytes * 2**20
+        # with LoRA the engine keeps the base weights of the first push; later pushes send the adapters alone
+        adapters_only = self.lora is not None and self._base_synced
         with target.weight_update(version):  # all buckets are one weight load: one new version
             stats = self.checkpoint_engine.send_weights(
-                self.actor_engine.iter_full_state_dict(bucket_bytes=bucket),
+                self.actor_engine.iter_full_state_dict(bucket_bytes=bucket, adapters_only=adapters_only),
                 target,
                 verify=self.verify_weight_sync,
             )
         if self._is_rollout:
             self.rollout.wake_up(["kv_cache"])
         self._rollout_asleep = self._actor_ahead = False
+        self._base_synced = True
+        stats["adapters_only"] = float(adapters_only)
         return {f"weight_sync/{k}": v for k, v in stats.items()}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -402,7 +425,8 @@ class ActorRolloutRefWorker(ProfiledWorker, RemoteRolloutWeights):
             ref.log_prob_use_dynamic_bsz,
             ref.log_prob_max_token_len_per_gpu,
         )
-        with self.ref_engine.on_device(optimizer=False):
+        base = self.actor_engine.adapters_disabled() if self._ref_in_actor else contextlib.nullcontext()
+        with self.ref_engine.on_device(optimizer=False), base:
             log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
         return DataProto.from_dict({"ref_log_prob": log_probs})
 
@@ -478,13 +502,14 @@ class CriticWorker(ProfiledWorker):
     def init_model(self) -> None:
         cfg = self.config
         self.critic_engine = get_engine_class(cfg.strategy)(
-            cfg.model.path,
+            copy_to_local(cfg.model.path, use_shm=cfg.model.use_shm),
             cfg.model.fsdp_config,
             cfg.optim,
             role="critic",
             enable_gradient_checkpointing=cfg.model.enable_gradient_checkpointing,
             trust_remote_code=cfg.model.trust_remote_code,
             override_config=cfg.model.override_config,
+            lora=LoraSpec.from_config(cfg.model, key="critic.model"),
         )
         self.critic = DataParallelPPOCritic(cfg, engine=self.critic_engine)
 

@@ -26,6 +26,7 @@ from verl.trainer.config.unread import Unread
 from verl.trainer.config.validate import ConfigError, _walk
 from verl.workers.config.checkpoint import CHECKPOINT_CONTENTS
 from verl.workers.config.engine import FSDP_STRATEGIES, FSDPEngineConfig
+from verl.workers.config.lora import LoraSpec
 from verl.workers.config.optimizer import LR_SCHEDULER_TYPES, FSDPOptimizerConfig
 
 __all__ = [
@@ -51,8 +52,6 @@ DEVICES = ("auto", "cpu", "cuda")
 # What every SFT checkpoint holds (exact resume needs all of them); "hf_model" (the full weights) is always saved too.
 REQUIRED_CONTENTS = ("model", "optimizer", "extra")
 
-_LORA = "LoRA is not supported (model.lora_rank > 0 is refused)"
-
 # Keys accepted so that veRL's SFT command lines keep working, but that nothing here acts on (see
 # verl.trainer.config.unread for the meaning of "warn" and "error").
 SFT_UNREAD: tuple[Unread, ...] = (
@@ -63,11 +62,7 @@ SFT_UNREAD: tuple[Unread, ...] = (
         "the loss is always the token mean over the whole global batch (balanced over ranks and micro-batches)",
     ),
     Unread("data.use_shm", "warn", "the data files are read in place (no shared-memory copy)"),
-    Unread("model.use_shm", "warn", "the model is loaded in place (no shared-memory copy)"),
     Unread("model.fsdp_config.wrap_policy.min_num_params", "warn", "FSDP2 shards each decoder layer"),
-    Unread("model.lora_rank", "error", "LoRA training is not supported"),
-    Unread("model.lora_alpha", "warn", _LORA),
-    Unread("model.target_modules", "warn", _LORA),
     Unread("model.use_liger", "warn", "Liger kernels are not used"),
     Unread("ulysses_sequence_parallel_size", "error", "sequence parallelism is not implemented"),
     Unread(
@@ -185,6 +180,10 @@ def _model(model: Any, problems: list[str]) -> None:
                 "model.fsdp_config.cpu_offload=True (FSDP2's CPUOffloadPolicy) needs an accelerator; on a CPU "
                 "device the shards already live in host memory: leave it at false"
             )
+    try:
+        LoraSpec.from_config(model, key="model")
+    except ValueError as e:
+        problems.append(str(e))
     try:
         build_engine_config(model, seed=1)
     except (ValueError, TypeError) as e:

@@ -44,7 +44,6 @@ class Unread(NamedTuple):
 
 
 _SP = "sequence parallelism is not implemented"
-_LORA = "LoRA is not supported (a lora_rank > 0 is refused)"
 _COMPILE = "torch.compile is not used"
 _MULTIMODAL = "multimodal inputs are not supported: prompts are read as text only"
 _LOAD = "resuming always loads the model, optimizer and extra state"
@@ -84,12 +83,7 @@ UNREAD: tuple[Unread, ...] = (
     # actor_rollout_ref
     Unread("actor_rollout_ref.nccl_timeout", "warn", "the collectives use torch's default timeout"),
     Unread("actor_rollout_ref.model.hf_config_path", "error", "the model's config is read from model.path"),
-    Unread("actor_rollout_ref.model.use_shm", "warn", "the model is loaded in place (no shared-memory copy)"),
     Unread("actor_rollout_ref.model.enable_activation_offload", "warn", "activation offload is not implemented"),
-    Unread("actor_rollout_ref.model.lora_alpha", "warn", _LORA),
-    Unread("actor_rollout_ref.model.target_modules", "warn", _LORA),
-    Unread("actor_rollout_ref.model.exclude_modules", "warn", _LORA),
-    Unread("actor_rollout_ref.model.lora_adapter_path", "error", "LoRA adapters are not loaded"),
     Unread("actor_rollout_ref.model.use_liger", "warn", "Liger kernels are not used"),
     Unread("actor_rollout_ref.model.use_fused_kernels", "warn", "fused kernels are not used"),
     Unread("actor_rollout_ref.model.fused_kernel_options", "warn", "fused kernels are not used"),
@@ -152,7 +146,12 @@ UNREAD: tuple[Unread, ...] = (
     Unread(f"{_ROLLOUT}.enable_rollout_routing_replay", "error", "MoE routing replay is not implemented"),
     Unread(f"{_ROLLOUT}.quantization", "warn", "the rollout runs unquantized, in rollout.dtype"),
     Unread(f"{_ROLLOUT}.quantization_config_file", "warn", "the rollout runs unquantized, in rollout.dtype"),
-    Unread(f"{_ROLLOUT}.layered_summon", "warn", "the weights are gathered in one pass"),
+    Unread(
+        f"{_ROLLOUT}.layered_summon",
+        "warn",
+        "the weights are always gathered bucket by bucket (checkpoint_engine.update_weights_bucket_megabytes), never "
+        "the whole model at once; with LoRA only the first push sends the base weights",
+    ),
     Unread(
         f"{_ROLLOUT}.multi_turn.use_inference_chat_template",
         "warn",
@@ -176,11 +175,7 @@ UNREAD: tuple[Unread, ...] = (
     # critic
     Unread("critic.optim.clip_grad", "warn", "the critic clips with critic.grad_clip"),
     Unread("critic.model.enable_activation_offload", "warn", "activation offload is not implemented"),
-    Unread("critic.model.use_shm", "warn", "the model is loaded in place (no shared-memory copy)"),
     *_fsdp("critic.model.fsdp_config"),
-    Unread("critic.model.lora_rank", "error", "LoRA training is not supported yet"),
-    Unread("critic.model.lora_alpha", "warn", _LORA),
-    Unread("critic.model.target_modules", "warn", _LORA),
     Unread("critic.ulysses_sequence_parallel_size", "error", _SP),
     Unread("critic.checkpoint.load_contents", "error", _LOAD),
     Unread("critic.checkpoint.async_save", "warn", "checkpoints are saved synchronously"),

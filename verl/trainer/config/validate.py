@@ -35,6 +35,7 @@ from verl.trainer.config.derived import (
 from verl.trainer.config.schema import running_schema
 from verl.trainer.config.unread import report_unread
 from verl.trainer.config.validate_async import check_async_training
+from verl.trainer.config.validate_lora import check_lora
 from verl.workers.config import ActorConfig, CriticConfig, HFModelConfig, RefConfig, RolloutConfig
 from verl.workers.config.rollout import ROLLOUT_MODES
 
@@ -93,7 +94,15 @@ def _is_open(value: Any) -> bool:
 
 
 # Keys that take a string or a list of strings (veRL accepts both).
-STR_OR_LIST_KEYS = ("data.train_files", "data.val_files", "trainer.logger")
+STR_OR_LIST_KEYS = (
+    "data.train_files",
+    "data.val_files",
+    "trainer.logger",
+    "actor_rollout_ref.model.target_modules",
+    "actor_rollout_ref.model.exclude_modules",
+    "critic.model.target_modules",
+    "model.target_modules",  # the SFT trainer's
+)
 
 
 def _type_problem(key: str, value: Any, default: Any) -> str | None:
@@ -545,6 +554,7 @@ def validate_config(config: DictConfig, check_environment: bool = True, schema: 
     report_unread(config, problems, base)
     _estimator(cfg, problems)
     _overlong_buffer(cfg, problems)
+    check_lora(cfg, problems, check_environment)
     if check_environment:
         _rollout_engine(cfg, problems)
         _local_paths(cfg, problems)

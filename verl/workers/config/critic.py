@@ -8,6 +8,7 @@ from typing import Any
 from verl.base_config import BaseConfig
 from verl.workers.config.checkpoint import CheckpointConfig
 from verl.workers.config.engine import FSDPEngineConfig
+from verl.workers.config.lora import LoraSpec
 from verl.workers.config.optimizer import FSDPOptimizerConfig
 from verl.workers.config.profiler import RoleProfilerConfig
 from verl.workers.config.sizes import per_rank_mini_batch_size
@@ -30,9 +31,9 @@ class CriticModelConfig(BaseConfig):
         use_remove_padding: forward packed sequences without pad tokens.
         use_shm: copy the model to shared memory before loading it.
         fsdp_config: how the value model is sharded, cast and offloaded.
-        lora_rank: LoRA rank of the value model; 0 disables LoRA.
+        lora_rank: LoRA rank of the value model; 0 disables LoRA. With LoRA the adapters and the value head train.
         lora_alpha: LoRA scaling factor α.
-        target_modules: modules LoRA adapts.
+        target_modules: modules LoRA adapts ("all-linear" or a list of names; the value head is trained in full).
     """
 
     path: str = "~/models/deepseek-llm-7b-chat"
@@ -48,6 +49,9 @@ class CriticModelConfig(BaseConfig):
     lora_rank: int = 0
     lora_alpha: int = 16
     target_modules: Any = "all-linear"
+
+    def __post_init__(self) -> None:
+        LoraSpec.from_config(self, key="critic.model")  # raises ValueError naming a bad lora_* key
 
 
 def _critic_optim() -> FSDPOptimizerConfig:

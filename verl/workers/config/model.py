@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verl.base_config import BaseConfig
+from verl.workers.config.lora import LoraSpec
 
 __all__ = ["HFModelConfig"]
 
@@ -26,11 +27,12 @@ class HFModelConfig(BaseConfig):
         enable_gradient_checkpointing: recompute activations in backward (actor and critic).
         enable_activation_offload: offload activations to host memory during training.
         use_remove_padding: forward packed sequences without pad tokens (the default of the actor and the ref).
-        lora_rank: LoRA rank; 0 disables LoRA (LoRA is accepted for compatibility; non-zero is not supported yet).
-        lora_alpha: LoRA scaling factor α.
-        target_modules: modules LoRA adapts ("all-linear" or a list of module names).
-        exclude_modules: modules LoRA leaves alone.
-        lora_adapter_path: a trained LoRA adapter to start from.
+        lora_rank: LoRA rank; 0 disables LoRA. With LoRA the actor trains the adapters only, the reference policy is
+            the base model (adapters disabled), and weight pushes after the first carry the adapters alone.
+        lora_alpha: LoRA scaling factor α (the adapter adds α/r · B A).
+        target_modules: modules LoRA adapts ("all-linear" or a list of module names; linear layers only).
+        exclude_modules: modules LoRA leaves alone (a list of names or a regex).
+        lora_adapter_path: a saved peft adapter folder to start from (its rank must equal lora_rank).
         use_liger: use the Liger kernels.
         use_fused_kernels: compute log-probs and entropy with fused kernels.
         fused_kernel_options.impl_backend: backend of those kernels ("torch" or "triton").
@@ -64,9 +66,6 @@ class HFModelConfig(BaseConfig):
     def __post_init__(self) -> None:
         if not isinstance(self.path, str) or not self.path:
             raise ValueError(f"actor_rollout_ref.model.path={self.path!r} must be a model folder")
-        if not isinstance(self.lora_rank, int) or self.lora_rank < 0:
-            raise ValueError(f"actor_rollout_ref.model.lora_rank={self.lora_rank!r} must be an integer >= 0")
-        if self.lora_rank > 0:
-            raise ValueError("actor_rollout_ref.model.lora_rank > 0: LoRA training is not supported yet; set it to 0")
+        LoraSpec.from_config(self)  # raises ValueError naming a bad lora_* key
         if self.override_config is None:
             object.__setattr__(self, "override_config", {})

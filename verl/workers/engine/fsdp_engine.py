@@ -34,9 +34,19 @@ from verl.workers.config.engine import FSDPEngineConfig
 from verl.workers.config.optimizer import FSDPOptimizerConfig
 from verl.workers.engine import checkpoint, offload
 from verl.workers.engine.base import eval_no_grad
-from verl.workers.engine.full_state import iter_full_tensors
+from verl.workers.engine.full_state import hf_name, iter_full_tensors
 from verl.workers.engine.hf_folder import HF_FOLDER, check_same_model, save_hf_folder
 from verl.workers.engine.hf_model import FORWARD_ONLY_ROLES, ROLES, VALUE_MODEL_ROLES, load_hf_model
+from verl.workers.engine.lora import (
+    ADAPTER_FOLDER,
+    LoraSpec,
+    apply_lora,
+    is_adapter_name,
+    lora_module_names,
+    merge_lora_stream,
+    save_adapter_folder,
+    sync_name,
+)
 from verl.workers.engine.lr_schedule import build_lr_scheduler
 from verl.workers.engine.optim import build_optimizer, clip_grad_norm_and_step
 from verl.workers.engine.registry import register_engine
@@ -72,6 +82,8 @@ class FSDPEngine:
         trust_remote_code: passed to transformers.
         override_config: attributes set on the model's HF config before loading.
         attn_implementation: transformers attention backend (None: transformers' default).
+        lora: LoRA adapters to put on the model (`verl.workers.engine.lora`): only they (and a value model's head)
+            train; ``adapters_disabled()`` gives the base model; weights stream under sync names, exports merge.
 
     Needs the default process group (``verl.utils.distributed.initialize_global_process_group``); every rank builds
     the engine and calls its collective methods together.
@@ -88,6 +100,7 @@ class FSDPEngine:
         trust_remote_code: bool = False,
         override_config: Mapping[str, Any] | None = None,
         attn_implementation: str | None = None,
+        lora: LoraSpec | None = None,
     ) -> None:
         self.engine_config: FSDPEngineConfig = omega_conf_to_dataclass(engine_config, FSDPEngineConfig)
         self.optim_config: FSDPOptimizerConfig | None = omega_conf_to_dataclass(optim_config, FSDPOptimizerConfig)
@@ -134,10 +147,16 @@ class FSDPEngine:
             attn_implementation=attn_implementation,
         )
         self.model_config = model.config
-        if self.forward_only:
-            model.requires_grad_(False)
+        self.model_path = model_path
         if enable_gradient_checkpointing:
             _enable_activation_checkpointing(model)
+        self.lora = lora
+        self.lora_modules: set[str] = set()
+        if lora is not None:
+            model = apply_lora(model, lora, value_model=self.is_value_model, seed=cfg.seed)
+            self.lora_modules = lora_module_names(model.state_dict())
+        if self.forward_only:
+            model.requires_grad_(False)
         # one rank: FSDP2 would only copy; a plain module gives the same results (autocast for mixed precision)
         self.sharded = self.world_size > 1 or not cfg.plain_single_rank or cfg.offload_policy
         self.module = (
@@ -148,7 +167,8 @@ class FSDPEngine:
         self.optimizer: torch.optim.Optimizer | None = None
         self.lr_scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
         if not self.forward_only:
-            self.optimizer = build_optimizer(self.module.parameters(), self.optim_config)
+            trainable = [p for p in self.module.parameters() if p.requires_grad]
+            self.optimizer = build_optimizer(trainable, self.optim_config)
             self.lr_scheduler = build_lr_scheduler(self.optimizer, self.optim_config)
 
         self._params_offloaded = False
@@ -259,54 +279,111 @@ class FSDPEngine:
                 self.offload_optimizer()
 
     # ------------------------------------------------------------------ weights
-    def iter_full_state_dict(
-        self, dtype: torch.dtype | None = None, bucket_bytes: int | None = None
-    ) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield ``(name, full tensor)`` for every entry of the model's state dict, on every rank.
+    def adapters_disabled(self) -> contextlib.AbstractContextManager[None]:
+        """Inside, the model is its base model (LoRA adapters bypassed): the reference policy of a LoRA actor."""
+        if self.lora is None:
+            raise RuntimeError(f"adapters_disabled on an engine without LoRA (role={self.role!r})")
+        return self.module.disable_adapter()
 
-        Names are the Hugging Face model's ``state_dict()`` keys; tensors are on the engine's device, cast to
-        ``dtype`` if given; on one rank they may be views of the parameters (copy what you keep). ``bucket_bytes``
-        gathers several shards per collective (see ``verl.workers.engine.full_state.iter_full_tensors``). All ranks
-        must consume the iterator to its end.
+    def iter_full_state_dict(
+        self, dtype: torch.dtype | None = None, bucket_bytes: int | None = None, *, adapters_only: bool = False
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield ``(name, full tensor)`` for every entry of the model's state dict, on every rank: what a weight
+        push sends.
+
+        Names are the Hugging Face model's ``state_dict()`` keys; with LoRA they are the sync names of
+        `verl.workers.engine.lora` (base weights under their HF names, adapters under peft's file names), and
+        ``adapters_only`` gathers the adapters alone. Tensors are on the engine's device, cast to ``dtype`` if given;
+        on one rank they may be views of the parameters (copy what you keep). ``bucket_bytes`` gathers several shards
+        per collective (see ``verl.workers.engine.full_state.iter_full_tensors``). All ranks must consume the
+        iterator to its end.
         """
+        if adapters_only and self.lora is None:
+            raise ValueError("iter_full_state_dict(adapters_only=True) on an engine without LoRA")
         with self.on_device():
             reshard_all(self.module)
-            yield from iter_full_tensors(self.module.state_dict(), dtype=dtype, bucket_bytes=bucket_bytes)
+            state = self.module.state_dict()
+            if self.lora is not None:
+                names = {key: sync_name(hf_name(key)) for key in state}
+                state = {
+                    names[key]: tensor
+                    for key, tensor in state.items()
+                    if names[key] is not None and (not adapters_only or is_adapter_name(names[key]))
+                }
+            yield from iter_full_tensors(state, dtype=dtype, bucket_bytes=bucket_bytes)
+
+    def iter_hf_state_dict(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """The model as a plain Hugging Face state dict: ``iter_full_state_dict`` with LoRA adapters merged into
+        their weights (``W + alpha/r · B @ A``). Every rank must consume it."""
+        tensors = self.iter_full_state_dict(dtype=dtype)
+        if self.lora is None:
+            yield from tensors
+            return
+        yield from merge_lora_stream(tensors, self.lora_modules, self.lora.scaling)
 
     def get_full_state_dict(
         self, dtype: torch.dtype | None = None, device: torch.device | str | None = "cpu"
     ) -> dict[str, torch.Tensor]:
-        """The full state dict (HF names) on every rank, moved to ``device`` (None: leave on the engine's device); a
-        snapshot, never a view of the parameters."""
+        """The full Hugging Face state dict (adapters merged) on every rank, moved to ``device`` (None: leave on the
+        engine's device); a snapshot, never a view of the parameters."""
         return {
             name: tensor.to(tensor.device if device is None else device, copy=True)
-            for name, tensor in self.iter_full_state_dict(dtype=dtype)
+            for name, tensor in self.iter_hf_state_dict(dtype=dtype)
         }
+
+    def get_adapter_state_dict(self) -> dict[str, torch.Tensor]:
+        """The LoRA adapters (sync names, CPU copies) on every rank."""
+        return {name: t.to("cpu", copy=True) for name, t in self.iter_full_state_dict(adapters_only=True)}
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: str, hf_weights: bool = False, tokenizer_path: str | None = None) -> None:
         """Save model + optimizer shards with torch.distributed.checkpoint, the lr schedule and every rank's random
         states under ``path``, and a Hugging Face folder under ``path/huggingface``: the model config (and the
         tokenizer of ``tokenizer_path``) always, the full weights too with ``hf_weights``."""
-        extra = {} if self.lr_scheduler is None else {"lr_scheduler": self.lr_scheduler.state_dict()}
+        extra: dict[str, Any] = {"lora": self._lora_record()}
+        if self.lr_scheduler is not None:
+            extra["lr_scheduler"] = self.lr_scheduler.state_dict()
         with self.on_device():
             reshard_all(self.module)
             checkpoint.save_sharded(path, self.module, self.optimizer, extra)
         full_state: dict[str, torch.Tensor] | None = {} if hf_weights else None
         if full_state is not None:  # a collective: every rank takes part, only rank 0 keeps the full tensors
-            for name, tensor in self.iter_full_state_dict():
+            for name, tensor in self.iter_hf_state_dict():
                 if self.rank == 0:
                     full_state[name] = tensor.to("cpu")
+        if self.lora is not None:  # the adapters in peft's format, as veRL writes them (a collective too)
+            adapters = self.get_adapter_state_dict()
+            if self.rank == 0:
+                folder = os.path.join(path, ADAPTER_FOLDER)
+                save_adapter_folder(folder, self.lora, adapters, self.model_path, value_model=self.is_value_model)
         if self.rank == 0:
             folder = os.path.join(path, HF_FOLDER)
             save_hf_folder(folder, self.model_config, tokenizer_path, full_state, is_value_model=self.is_value_model)
         dist.barrier()
+
+    def _lora_record(self) -> dict[str, Any] | None:
+        """What a checkpoint records of the LoRA setup (None without LoRA); a resume must match it."""
+        if self.lora is None:
+            return None
+        spec = self.lora
+        return {
+            "rank": spec.rank,
+            "alpha": spec.alpha,
+            "target_modules": spec.target_modules,
+            "exclude": spec.exclude_modules,
+        }
 
     def load_checkpoint(self, path: str) -> None:
         """Load what ``save_checkpoint`` wrote (any world size). Raises FileNotFoundError / ValueError naming a
         missing or corrupt file."""
         extra = checkpoint.read_extra_state(path)
         check_same_model(os.path.join(path, HF_FOLDER), self.model_config)
+        saved_lora, ours = extra.get("lora"), self._lora_record()
+        if saved_lora != ours:
+            raise ValueError(
+                f"the checkpoint {path} was trained with LoRA {saved_lora}, this run's {self.role} has LoRA {ours} "
+                "(lora_rank / lora_alpha / target_modules / exclude_modules must match to resume)"
+            )
         if self.optimizer is not None:
             if not checkpoint.has_optimizer_state(path):
                 raise ValueError(f"checkpoint {path} has no optimizer state (saved by a forward-only engine?)")

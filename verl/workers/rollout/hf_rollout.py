@@ -86,6 +86,9 @@ class HFRollout(BaseRollout):
         model_path: a Hugging Face model folder; its weights are loaded at construction (``update_weights`` then
             overwrites them with the trainer's).
         device: where the model runs.
+        lora: the actor's LoRA setup (``LoraSpec``). The engine then carries the same adapters (peft) and its weights
+            go by sync names (``verl.workers.engine.lora``): the first push fills base and adapters, later pushes the
+            adapters alone, and ``sleep`` keeps the weights (the base is never pushed again).
     """
 
     supports_sleep: ClassVar[bool] = True
@@ -105,11 +108,16 @@ class HFRollout(BaseRollout):
         model = transformers.AutoModelForCausalLM.from_pretrained(
             self.model_path, **{dtype_key: self.dtype, **hf_kwargs}
         )
-        self.model = model.to(self.device).eval().requires_grad_(False)
-        forward_params = inspect.signature(self.model.forward).parameters
+        forward_params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in forward_params else "past_key_values"
+        self.lora = kwargs.get("lora")
+        if self.lora is not None:
+            from verl.workers.engine.lora import apply_lora
+
+            model = apply_lora(model, self.lora)  # the adapters' values come with the first push
+        self.model = model.to(self.device).eval().requires_grad_(False)
         # State-dict names → the tensor objects (tied weights appear under several names, as one object).
-        self._named = self.model.state_dict(keep_vars=True)
+        self._named = self._sync_named(self.model)
         self._unique: dict[int, tuple[str, torch.Tensor, torch.Size]] = {}
         for name, tensor in self._named.items():
             self._unique.setdefault(id(tensor), (name, tensor, tensor.shape))
@@ -132,6 +140,15 @@ class HFRollout(BaseRollout):
         logger.info("HFRollout: %s on %s (%s)", self.model_path, self.device, self.dtype)
 
     # ------------------------------------------------------------------ memory and weights
+    def _sync_named(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The model's state-dict tensors by the names weight pushes use (sync names with LoRA)."""
+        named = model.state_dict(keep_vars=True)
+        if self.lora is None:
+            return named
+        from verl.workers.engine.lora import sync_name
+
+        return {sync_name(key): tensor for key, tensor in named.items() if sync_name(key) is not None}
+
     def memory_bytes(self) -> int:
         """Bytes of the distinct storages behind the model's parameters and buffers, plus the running batch's KV
         cache (which exists only while requests run)."""
@@ -144,11 +161,17 @@ class HFRollout(BaseRollout):
 
     def sleep(self) -> None:
         """Drop the weights (parameters and persistent buffers become empty tensors; the module structure and
-        non-persistent buffers such as rotary frequencies stay). Idempotent; refused while requests are in flight."""
+        non-persistent buffers such as rotary frequencies stay) and the KV cache; with LoRA the KV cache only.
+        Idempotent; refused while requests are in flight."""
         if self.num_requests():
             raise RuntimeError(
                 f"HFRollout.sleep: {self.num_requests()} request(s) in flight; abort or finish them first"
             )
+        if self.lora is not None and self._awake["weights"]:
+            # the pushes after the first carry the adapters alone: the base weights must stay
+            logger.debug("HFRollout.sleep with LoRA: the weights stay, the KV cache goes")
+            self._awake["kv_cache"] = False
+            return
         if self._awake["weights"]:
             for _, tensor, _ in self._unique.values():
                 tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)

@@ -1,0 +1,36 @@
+"""The config rules of LoRA (``actor_rollout_ref.model.lora_*``, ``critic.model.lora_*``) that span several keys or
+read the disk; the single-key rules live in `verl.workers.config.lora.LoraSpec`."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+__all__ = ["check_lora"]
+
+_MODEL = "actor_rollout_ref.model"
+
+
+def check_lora(config: Any, problems: list[str], check_environment: bool) -> None:
+    """Append a problem for each LoRA rule ``config`` (resolved) breaks."""
+    model = config.actor_rollout_ref.model
+    rank, path = model.get("lora_rank", 0) or 0, model.get("lora_adapter_path")
+    if path and not rank:
+        problems.append(f"{_MODEL}.lora_adapter_path={path!r} needs {_MODEL}.lora_rank > 0 (the adapter's rank)")
+    if path and rank and check_environment:
+        file = os.path.join(os.path.expanduser(str(path)), "adapter_config.json")
+        if not os.path.isfile(file):
+            problems.append(f"{_MODEL}.lora_adapter_path={path!r}: {file} does not exist (not a peft adapter folder)")
+        else:
+            try:
+                with open(file) as f:
+                    saved = json.load(f).get("r")
+            except (OSError, ValueError) as e:
+                problems.append(f"{_MODEL}.lora_adapter_path={path!r}: {file} cannot be read ({e})")
+            else:
+                if saved != rank:
+                    problems.append(
+                        f"{_MODEL}.lora_adapter_path={path!r} holds a rank-{saved} adapter, but {_MODEL}.lora_rank="
+                        f"{rank}: set lora_rank to the adapter's rank"
+                    )
