@@ -118,7 +118,9 @@ def run_ours(
     reward: str = "score",
     engine: str = "hf",
     python: str = sys.executable,
+    extra: dict[str, str] | None = None,
 ) -> dict:
+    """One ``main_ppo`` run of the workload (``extra``: more overrides); its medians over the timed steps."""
     log = os.path.join(work, "metrics.jsonl")
     env = dict(os.environ, VERL_FILE_LOGGER_PATH=log, RAY_AUTH_MODE="disabled", HF_HUB_OFFLINE="1")
     keys = ours_overrides(spec, model, train_file, dtype)
@@ -129,6 +131,7 @@ def run_ours(
     if reward != "score":
         keys["custom_reward_function.path"] = REWARD_FILES[reward]
         keys["custom_reward_function.name"] = "verl_reward"
+    keys.update(extra or {})
     keys["hydra.run.dir"] = os.path.join(work, "hydra")
     keys["trainer.default_local_dir"] = os.path.join(work, "ckpt")
     cmd = [python, "-m", "verl.trainer.main_ppo", *(f"{k}={v}" for k, v in keys.items())]
@@ -155,6 +158,7 @@ def run_ours(
         "outside_stages_s": other,
         # samples whose gradient pass was skipped (zero advantage), over the timed steps
         "zero_adv_skip_frac": statistics.mean(s.get("actor/zero_adv_skip_frac", 0.0) for s in timed),
+        "steps": timed,
     }
 
 

@@ -153,6 +153,7 @@ class EngineRequests:
         self._engine_ids: dict[str, str] = {}  # request id -> engine id
         self._internal_ids: dict[str, str] = {}  # engine id -> vLLM's internal id
         self._counter = itertools.count()
+        self.lora_request: Any = None  # a vLLM LoRARequest every added request carries (the engine's adapter)
 
     def __len__(self) -> int:
         return len(self._requests)
@@ -171,7 +172,10 @@ class EngineRequests:
                 added.append(request)
                 # vLLM names the request internally (engine id + a random suffix); the model runner sees that name
                 internal_id = self.engine.add_request(
-                    engine_id, TokensPrompt(prompt_token_ids=request.context_ids), params
+                    engine_id,
+                    TokensPrompt(prompt_token_ids=request.context_ids),
+                    params,
+                    lora_request=self.lora_request,
                 )
                 self._internal_ids[engine_id] = internal_id
                 if self.seeker is not None and params.seed is not None:

@@ -22,6 +22,10 @@ so aborting and resuming gives the tokens of an uninterrupted run (verified on C
 as read from vLLM 0.32's sampler, untested here). On CPU a seeded request's tokens do not depend on what runs beside
 it nor on when it joined the batch (its log-probs differ by at most a few float32 ulps, ~5e-7 measured).
 
+LoRA (``lora=LoraSpec``, from ``actor_rollout_ref.model.lora_rank``): the engine is built with vLLM's LoRA support and
+serves every request with the newest adapter, loaded through its LoRA interface from a folder per weight version
+(:mod:`.vllm_lora`); the base weights come with the first push only.
+
 On CPU, vLLM cannot sleep (its sleep mode needs CUDA): ``sleep`` / ``wake_up`` are no-ops there and memory is bounded
 by the KV-cache size instead (``rollout.engine_kwargs.vllm.kv_cache_memory_bytes``, default 64 MiB on CPU). Its KV
 block size is 128 tokens there: prefixes are cached (and reused) in whole blocks only. Chunked prefill is off on CPU
@@ -50,9 +54,11 @@ import torch.distributed as dist
 from verl.utils.rng import get_rng_state, set_rng_state
 from verl.utils.torch_dtypes import canonical_dtype_name
 from verl.workers.config.rollout import RolloutConfig
+from verl.workers.engine.lora import is_adapter_name
 from verl.workers.rollout.base import BaseRollout, register_rollout
 from verl.workers.rollout.request import as_id_list
 from verl.workers.rollout.serving import RequestState
+from verl.workers.rollout.vllm_rollout.vllm_lora import VllmAdapters, vllm_lora_kwargs
 from verl.workers.rollout.vllm_rollout.vllm_requests import EngineRequests
 
 __all__ = ["vLLMRollout"]
@@ -205,6 +211,9 @@ class vLLMRollout(BaseRollout):  # noqa: N801 - veRL's public name
             os.environ.setdefault("RANK", str(dist.get_rank()))
             os.environ.setdefault("WORLD_SIZE", str(dist.get_world_size()))
             os.environ.setdefault("LOCAL_RANK", "0")
+        self.lora = kwargs.get("lora")
+        if self.lora is not None:
+            engine_kwargs.update(vllm_lora_kwargs(self.lora))
         engine_kwargs.update(cfg.engine_kwargs.get("vllm", {}) or {})
         from vllm import LLM
 
@@ -225,6 +234,9 @@ class vLLMRollout(BaseRollout):  # noqa: N801 - veRL's public name
         self._vocab_size = self.hf_config.vocab_size
         self._asleep = False
         self._requests = EngineRequests(self.llm.llm_engine, self._runner())
+        self._adapters = None
+        if self.lora is not None:
+            self._adapters = VllmAdapters(self.llm.llm_engine, self.lora, model_path, self.hf_config)
         self._init_serving(cfg.max_num_seqs, self.llm.llm_engine.model_config.max_model_len)
         logger.info(
             "vLLMRollout: %s on %s (%s%s)", model_path, self.device, cfg.dtype, "" if dense or on_cuda else ", packed"
@@ -252,6 +264,9 @@ class vLLMRollout(BaseRollout):  # noqa: N801 - veRL's public name
             for name, tensor in named_tensors:
                 if hasattr(tensor, "full_tensor"):
                     tensor = tensor.full_tensor()
+                if self._adapters is not None and is_adapter_name(name):
+                    self._adapters.collect(name, tensor)  # loaded through vLLM's LoRA interface when the load ends
+                    continue
                 self._pending[_layer_of(name)][name] = tensor.detach()
             ready = []
             for layer in list(self._pending):
@@ -271,11 +286,14 @@ class vLLMRollout(BaseRollout):  # noqa: N801 - veRL's public name
                 "built), so its weights cannot be read back; set VERL_VERIFY_WEIGHT_SYNC=1 (or call "
                 "set_weight_sync_verification(True)) before init_model"
             )
-        params = dict(self._model().named_parameters())
+        # with LoRA on, vLLM wraps each linear layer and its weight is the wrapper's base_layer
+        params = {name.replace(".base_layer.", "."): p for name, p in self._model().named_parameters()}
         for name, tensor in params.items():
             yield from _unfuse(name, tensor.detach(), self.hf_config)
         if "lm_head.weight" not in params and getattr(self.hf_config, "tie_word_embeddings", False):
             yield "lm_head.weight", params["model.embed_tokens.weight"].detach()
+        if self._adapters is not None:
+            yield from self._adapters.named_tensors().items()
 
     def memory_bytes(self) -> int:
         """Bytes of the engine's weights plus its KV cache (on CPU both stay allocated through sleep)."""
@@ -322,4 +340,7 @@ class vLLMRollout(BaseRollout):  # noqa: N801 - veRL's public name
         self._requests.release(requests)
 
     def _serve_invalidate(self) -> None:
+        if self._adapters is not None:  # a weight load ended: requests from now on carry its adapters
+            self._adapters.check_complete()
+            self._requests.lora_request = self._adapters.request
         self._requests.reset_prefix_cache()
