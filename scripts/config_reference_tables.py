@@ -259,7 +259,8 @@ DIFFERENCES: dict[str, str] = {
     "critic.forward_micro_batch_size": "setting it is an error here; use `forward_micro_batch_size_per_gpu`.",
     "actor_rollout_ref.ref.log_prob_micro_batch_size": "setting it is an error here; use "
     "`log_prob_micro_batch_size_per_gpu`.",
-    "actor_rollout_ref.model.lora_rank": "a value > 0 is an error: LoRA training is not supported yet.",
+    "actor_rollout_ref.model.lora_rank": "vLLM rounds its `max_lora_rank` up to one of its ranks (1, 8, 16, 32, ...); "
+    "the reference policy is the actor with its adapters disabled ([LoRA](lora.md)).",
     "actor_rollout_ref.actor.rollout_n": "set by the worker from `actor_rollout_ref.rollout.n`.",
     "critic.rollout_n": "set by the worker from `actor_rollout_ref.rollout.n`.",
     "actor_rollout_ref.actor.fsdp_config.param_offload": "a no-op on CPU (the shards already live in host memory).",

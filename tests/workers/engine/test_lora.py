@@ -89,6 +89,12 @@ def _two_rank_run(rank: int, model_dir: str, out: str) -> None:
             r["base_logits"] = engine.module(input_ids=full).logits
     ckpt = os.path.join(out, "ckpt")
     engine.save_checkpoint(ckpt, hf_weights=True)
+    # a new engine started from the saved adapter folder (model.lora_adapter_path) is the trained policy
+    saved = LoraSpec(rank=SPEC.rank, alpha=SPEC.alpha, adapter_path=os.path.join(ckpt, ADAPTER_FOLDER))
+    started = _engine(model_dir, saved)
+    with started.eval_mode():
+        r["from_adapter_logits"] = started.module(input_ids=full).logits
+    r["from_adapter_trainable"] = sum(p.requires_grad for p in started.module.parameters())
     _lm_loss(engine.module, ids).backward()  # FSDP2 averages the ranks' gradients
     engine.clip_grad_norm_and_step()
     r["step2"] = {n: t.clone() for n, t in engine.iter_full_state_dict(adapters_only=True)}
@@ -186,6 +192,28 @@ def test_checkpoint_resumes_exactly_and_holds_the_adapter_folder(lora_run):
     merged = AutoModelForCausalLM.from_pretrained(os.path.join(root, "ckpt", "huggingface"), dtype=torch.float32)
     with torch.no_grad():
         torch.testing.assert_close(merged(input_ids=_batch()).logits, r["lora_logits"], rtol=0, atol=1e-5)
+
+
+def test_lora_adapter_path_starts_from_the_saved_adapter(lora_run, tmp_path):
+    from omegaconf import OmegaConf
+
+    from verl.trainer.config.validate_lora import check_lora
+
+    _, root, r = lora_run
+    torch.testing.assert_close(r["from_adapter_logits"], r["lora_logits"], rtol=0, atol=1e-6)
+    assert r["from_adapter_trainable"] == len(r["trainable"])  # loaded trainable, not frozen
+    folder = os.path.join(root, "ckpt", ADAPTER_FOLDER)
+
+    def problems(rank: int, path: str) -> list[str]:
+        found: list[str] = []
+        config = {"actor_rollout_ref": {"model": {"lora_rank": rank, "lora_adapter_path": path}}}
+        check_lora(OmegaConf.create(config), found, check_environment=True)
+        return found
+
+    assert problems(4, folder) == []
+    assert "holds a rank-4 adapter, but actor_rollout_ref.model.lora_rank=8" in problems(8, folder)[0]
+    assert "adapter_config.json does not exist" in problems(4, str(tmp_path))[0]
+    assert "needs actor_rollout_ref.model.lora_rank > 0" in problems(0, folder)[0]
 
 
 def test_a_lora_critic_trains_its_head_and_adapters(lora_run):
