@@ -17,6 +17,7 @@ All runs train PPO with a critic (GAE) and a KL loss (the reference policy runs 
 - ``separate_killed``: as ``separate_lag1`` with slower generation; once step 1's checkpoint is saved, rollout server
   0 is killed (SIGKILL; its pid from the trainer's ``placement:`` log line), the moment written to ``killed_at``;
   the run must fail. ``separate_killed_resumed`` restarts it in the same folder with ``trainer.resume_mode=auto``.
+- ``separate_lora``: as ``separate_lag1`` with a LoRA actor (``model.lora_rank=8``): adapter-only pushes.
 """
 
 from __future__ import annotations
@@ -73,7 +74,14 @@ KILLED = [
 ]
 WAVES = (
     ["separate_partial", "separate_killed", "sync", "colocate_lag0", "colocate_lag1", "separate_lag0", "separate_lag1"],
-    ["separate_killed_resumed", "colocate_lag1_again", "colocate_resumed", "separate_lag1_again", "separate_resumed"],
+    [
+        "separate_killed_resumed",
+        "colocate_lag1_again",
+        "colocate_resumed",
+        "separate_lag1_again",
+        "separate_resumed",
+        "separate_lora",
+    ],
 )
 FAILING = ("separate_killed",)  # the runs that must not exit 0
 PLACED = re.compile(r"role (\w+) rank (\d+): node \S+ \(id ([0-9a-f]{12})\), pid (\d+)")
@@ -140,6 +148,12 @@ def _separate_lag0(work: Path) -> Prepared:
 @main_run("separate_lag1")
 def _separate_lag1(work: Path) -> Prepared:
     return [*SEPARATE, *dumped(work)], VERIFIED
+
+
+@main_run("separate_lora")
+def _separate_lora(work: Path) -> Prepared:
+    """LoRA actor and reference in the training worker, adapters pushed over gloo to 2 servers, every push verified."""
+    return [*SEPARATE, "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.actor.optim.lr=1e-3"], VERIFIED
 
 
 @main_run("separate_killed")

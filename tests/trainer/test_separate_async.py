@@ -106,6 +106,19 @@ def test_a_killed_rollout_server_is_named_and_a_resumed_run_trains_every_sample_
     assert trained_samples(killed) == trained_samples(async_runs["sync"])
 
 
+def test_lora_adapters_are_pushed_alone_to_the_rollout_pool(async_runs):
+    """The first push (version 0) carries the base; every push of a step carries the 28 adapter tensors alone,
+    staged and verified in both servers; the servers generate with the adapters of the version they load."""
+    code, output, records, _ = async_runs["separate_lora"]
+    assert code == 0, output[-3000:]
+    data = logged(records)
+    assert [d["async/staleness/max"] for d in data] == [0, 1, 1]
+    for step in data:
+        assert step["weight_sync/adapters_only"] == 1 and step["weight_sync/tensors"] == 28
+    assert data[0]["training/rollout_probs_diff_max"] < 1e-6  # version 0 = the actor at step 1: same adapters
+    assert data[0]["actor/kl_loss"] == 0 < data[-1]["actor/kl_loss"]  # the reference is the base model
+
+
 @pytest.mark.vllm
 def test_vllm_servers_on_their_own_pool(tmp_path):
     """vLLM's engine as the rollout server on its own pool (the vllm venv), with partial rollout: every gloo push,

@@ -565,7 +565,7 @@ class RewardModelWorker(ProfiledWorker):
         fsdp_config = dict(model_cfg.get("fsdp_config", {}) or {})
         fsdp_config["forward_only"] = True
         self.rm_engine = get_engine_class(self.config.get("strategy", "fsdp"))(
-            model_cfg["path"],
+            copy_to_local(model_cfg["path"], use_shm=bool(model_cfg.get("use_shm", False))),
             fsdp_config,
             None,
             role="reward_model",

@@ -188,7 +188,6 @@ UNREAD: tuple[Unread, ...] = (
         "must share the policy's tokenizer; null is accepted",
         harmless=(None,),
     ),
-    Unread("reward_model.model.use_shm", "warn", "the model is loaded in place (no shared-memory copy)"),
     Unread("reward_model.model.override_config", "error", "the reward model is built from its own HF config"),
     Unread("reward_model.model.use_remove_padding", "warn", "the reward model forwards padded batches"),
     Unread("reward_model.model.use_fused_kernels", "warn", "fused kernels are not used"),
@@ -261,6 +260,7 @@ NAME_USED_ELSEWHERE: frozenset[str] = frozenset(
         "actor_rollout_ref.rollout.profiler",
         "data.tokenizer",
         "data.trust_remote_code",
+        "data.use_shm",  # use_shm is the model sections' key (a shared-memory copy of the model folder)
         "actor_rollout_ref.actor.fsdp_config.entropy_from_logits_with_chunking",
         "actor_rollout_ref.actor.entropy_from_logits_with_chunking",
         "actor_rollout_ref.ref.entropy_from_logits_with_chunking",
