@@ -35,6 +35,7 @@ def main() -> None:
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--dtypes", nargs="+", default=["fp32"], choices=["fp32", "bf16"])
     parser.add_argument("--ranks", nargs="+", type=int, default=[16], help="LoRA ranks to run beside full FT")
+    parser.add_argument("--skip-full", action="store_true", help="run the LoRA ranks only")
     args = parser.parse_args()
 
     results = []
@@ -45,7 +46,7 @@ def main() -> None:
                 continue
             spec, model, train_file, _ = prepared
             for dtype in args.dtypes:
-                for rank in [0, *args.ranks]:
+                for rank in [0] * (not args.skip_full) + list(args.ranks):
                     label = "full" if rank == 0 else f"lora r={rank}"
                     work = tempfile.mkdtemp(dir=tmp, prefix=f"{name}-{dtype}-{rank}-")
                     extra = lora_overrides(rank) if rank else {}

@@ -29,6 +29,7 @@ from verl.workers.config.lora import LoraSpec
 
 __all__ = [
     "ADAPTER_CONFIG_FILE",
+    "adapted_modules",
     "ADAPTER_FOLDER",
     "ADAPTER_WEIGHTS_FILE",
     "LoraSpec",
@@ -110,6 +111,17 @@ def apply_lora(model: torch.nn.Module, spec: LoraSpec, *, value_model: bool = Fa
     total = sum(p.numel() for p in peft_model.parameters())
     logger.info("LoRA rank %d on %d layers: %d of %d parameters train", spec.rank, len(layers), trainable, total)
     return peft_model
+
+
+def adapted_modules(hf_config: Any, spec: LoraSpec) -> set[str]:
+    """The Hugging Face module paths peft adapts for ``spec`` in a causal LM of ``hf_config`` (decided on a
+    meta-device model: no memory, no weights read). Rollout engines carry adapters on exactly these."""
+    from transformers import AutoModelForCausalLM
+
+    fresh = LoraSpec(spec.rank, spec.alpha, spec.target_modules, spec.exclude_modules)  # no folder to read
+    with torch.device("meta"):
+        meta = apply_lora(AutoModelForCausalLM.from_config(hf_config), fresh)
+    return lora_module_names(meta.state_dict())
 
 
 def is_adapter_name(name: str) -> bool:

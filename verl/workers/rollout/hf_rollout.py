@@ -86,9 +86,10 @@ class HFRollout(BaseRollout):
         model_path: a Hugging Face model folder; its weights are loaded at construction (``update_weights`` then
             overwrites them with the trainer's).
         device: where the model runs.
-        lora: the actor's LoRA setup (``LoraSpec``). The engine then carries the same adapters (peft) and its weights
-            go by sync names (``verl.workers.engine.lora``): the first push fills base and adapters, later pushes the
-            adapters alone, and ``sleep`` keeps the weights (the base is never pushed again).
+        lora: the actor's LoRA setup (``LoraSpec``). The engine then carries the same adapters (lean LoRA linears,
+            :mod:`verl.workers.rollout.hf_lora`) and its weights go by sync names (``verl.workers.engine.lora``): the
+            first push fills base and adapters, later pushes the adapters alone, and ``sleep`` keeps the weights (the
+            base is never pushed again).
     """
 
     supports_sleep: ClassVar[bool] = True
@@ -110,14 +111,15 @@ class HFRollout(BaseRollout):
         )
         forward_params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in forward_params else "past_key_values"
-        self.lora = kwargs.get("lora")
-        if self.lora is not None:
-            from verl.workers.engine.lora import apply_lora
-
-            model = apply_lora(model, self.lora)  # the adapters' values come with the first push
         self.model = model.to(self.device).eval().requires_grad_(False)
         # State-dict names → the tensor objects (tied weights appear under several names, as one object).
-        self._named = self._sync_named(self.model)
+        self.lora = kwargs.get("lora")
+        if self.lora is None:
+            self._named = self.model.state_dict(keep_vars=True)
+        else:
+            from verl.workers.rollout.hf_lora import attach_lora
+
+            self._named = attach_lora(self.model, self.lora)  # the adapters' values come with the first push
         self._unique: dict[int, tuple[str, torch.Tensor, torch.Size]] = {}
         for name, tensor in self._named.items():
             self._unique.setdefault(id(tensor), (name, tensor, tensor.shape))
@@ -140,15 +142,6 @@ class HFRollout(BaseRollout):
         logger.info("HFRollout: %s on %s (%s)", self.model_path, self.device, self.dtype)
 
     # ------------------------------------------------------------------ memory and weights
-    def _sync_named(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-        """The model's state-dict tensors by the names weight pushes use (sync names with LoRA)."""
-        named = model.state_dict(keep_vars=True)
-        if self.lora is None:
-            return named
-        from verl.workers.engine.lora import sync_name
-
-        return {sync_name(key): tensor for key, tensor in named.items() if sync_name(key) is not None}
-
     def memory_bytes(self) -> int:
         """Bytes of the distinct storages behind the model's parameters and buffers, plus the running batch's KV
         cache (which exists only while requests run)."""

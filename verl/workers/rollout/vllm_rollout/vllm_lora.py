@@ -100,14 +100,7 @@ class VllmAdapters:
 
 
 def _adapter_names(hf_config: Any, spec: LoraSpec) -> set[str]:
-    """The sync names of the adapter tensors ``spec`` puts on the model of ``hf_config`` (a meta-device model)."""
-    from transformers import AutoModelForCausalLM
+    """The sync names of the adapter tensors ``spec`` puts on the model of ``hf_config``."""
+    from verl.workers.engine.lora import adapted_modules
 
-    from verl.workers.engine.lora import apply_lora, is_adapter_name, sync_name
-
-    with torch.device("meta"):
-        model = apply_lora(
-            AutoModelForCausalLM.from_config(hf_config),
-            LoraSpec(spec.rank, spec.alpha, spec.target_modules, spec.exclude_modules),
-        )
-    return {name for name in map(sync_name, model.state_dict()) if name is not None and is_adapter_name(name)}
+    return {f"base_model.model.{m}.lora_{part}.weight" for m in adapted_modules(hf_config, spec) for part in "AB"}
