@@ -19,7 +19,7 @@ import statistics
 import sys
 import tempfile
 
-from bench_vs_trl import WORKLOADS, prepare_workload, run_ours  # benchmarks/, next to this script
+from bench_vs_trl import WORKLOADS, prepare_workload, print_per_process, run_ours  # benchmarks/, next to this script
 
 
 def lora_overrides(rank: int) -> dict[str, str]:
@@ -72,12 +72,7 @@ def print_report(results: list[dict]) -> None:
             f"{median_of(steps, 'weight_sync/bytes') / 2**20:.2f} | {median_of(steps, 'weight_sync/seconds'):.4f} | "
             f"{r['memory'].peak_mib:,.0f} | {worker:,.0f} |"
         )
-    print("\npeak PSS per process kind (MiB; processes):\n")
-    for r in results:
-        kinds = ", ".join(
-            f"{label} {mib:,.0f} ({n})" for label, (n, mib) in list(r["memory"].per_process().items())[:8]
-        )
-        print(f"- {r['workload']} {r['dtype']} {r['run']}: {kinds}")
+    print_per_process(results, "run")
 
 
 if __name__ == "__main__":

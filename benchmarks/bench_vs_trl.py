@@ -294,12 +294,17 @@ def print_report(results: list[dict]) -> None:
                 f"| {r['workload']} | {r['dtype']} | {r['side']} | {cells} | {r['update_overhead_s'] * 1000:.1f} ms | "
                 f"{r['outside_stages_s'] * 1000:.1f} ms |"
             )
+    print_per_process(results, "side")
+
+
+def print_per_process(results: list[dict], label_key: str) -> None:
+    """Each run's largest process kinds (peak PSS and count), the run named by ``label_key``."""
     print("\npeak PSS per process kind (MiB; processes):\n")
     for r in results:
         kinds = ", ".join(
             f"{label} {mib:,.0f} ({n})" for label, (n, mib) in list(r["memory"].per_process().items())[:8]
         )
-        print(f"- {r['workload']} {r['dtype']} {r['side']}: {kinds}")
+        print(f"- {r['workload']} {r['dtype']} {r[label_key]}: {kinds}")
 
 
 if __name__ == "__main__":
