@@ -216,6 +216,20 @@ def test_lora_adapter_path_starts_from_the_saved_adapter(lora_run, tmp_path):
     assert "needs actor_rollout_ref.model.lora_rank > 0" in problems(0, folder)[0]
 
 
+def test_ref_engine_keys_warn_with_lora(caplog):
+    from tests.trainer.config.test_validate import VALID
+    from verl.trainer.config.validate import merged, validate_config
+
+    ref_key = "actor_rollout_ref.ref.fsdp_config.param_offload=true"
+    with caplog.at_level("WARNING", logger="verl.trainer.config.validate_lora"):
+        validate_config(merged([*VALID, "actor_rollout_ref.model.lora_rank=8", ref_key]), check_environment=False)
+    assert "ref.fsdp_config.{param_offload} has no effect with model.lora_rank > 0" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="verl.trainer.config.validate_lora"):
+        validate_config(merged([*VALID, ref_key]), check_environment=False)
+    assert "has no effect with model.lora_rank" not in caplog.text
+
+
 def test_a_lora_critic_trains_its_head_and_adapters(lora_run):
     _, _, r = lora_run
     heads = [n for n in r["critic_trainable"] if "lora_" not in n]

@@ -554,7 +554,7 @@ def validate_config(config: DictConfig, check_environment: bool = True, schema: 
     report_unread(config, problems, base)
     _estimator(cfg, problems)
     _overlong_buffer(cfg, problems)
-    check_lora(cfg, problems, check_environment)
+    check_lora(cfg, problems, check_environment, base)
     if check_environment:
         _rollout_engine(cfg, problems)
         _local_paths(cfg, problems)
