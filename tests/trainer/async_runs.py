@@ -1,5 +1,6 @@
-"""The CLI runs of the two async trainer modes, shared by their test modules (one session-scoped set, run
-concurrently in two waves: the resumed runs need the first wave's checkpoints).
+"""The CLI runs of the two async trainer modes, shared by their test modules (declared with ``@cli_run`` and
+started by the session's scheduler, `tests/cli_runs.py`; the resumed runs start after the runs whose checkpoints
+they read, ``after=``).
 
 All runs train PPO with a critic (GAE) and a KL loss (the reference policy runs in the training workers: role
 ``actor_ref``) on 32 prompts of 16 for 3 steps, so they cross an epoch boundary; each dumps the samples it trains
@@ -32,8 +33,8 @@ import threading
 import time
 from pathlib import Path
 
+from tests.cli_runs import Prepared, cli_run
 from tests.trainer.ray_nodes import two_nodes
-from tests.trainer.test_main_ppo import MainRuns, Prepared, main_run, run_concurrently
 
 COMMON = [
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
@@ -72,18 +73,6 @@ KILLED = [
     "actor_rollout_ref.rollout.ignore_eos=true",
     "actor_rollout_ref.rollout.max_num_seqs=1",  # steps 2 and 3 take long enough to be cut short
 ]
-WAVES = (
-    ["separate_partial", "separate_killed", "sync", "colocate_lag0", "colocate_lag1", "separate_lag0", "separate_lag1"],
-    [
-        "separate_killed_resumed",
-        "colocate_lag1_again",
-        "colocate_resumed",
-        "separate_lag1_again",
-        "separate_resumed",
-        "separate_lora",
-    ],
-)
-FAILING = ("separate_killed",)  # the runs that must not exit 0
 PLACED = re.compile(r"role (\w+) rank (\d+): node \S+ \(id ([0-9a-f]{12})\), pid (\d+)")
 
 
@@ -120,49 +109,49 @@ def trained_samples(run) -> dict[int, list[tuple[str, str]]]:
     return out
 
 
-@main_run("sync")
+@cli_run("sync", cost_s=55)
 def _sync(work: Path) -> Prepared:
     return [*COMMON, "trainer.mode=sync", *dumped(work)], {}
 
 
-@main_run("colocate_lag0")
+@cli_run("colocate_lag0", cost_s=65)
 def _colocate_lag0(work: Path) -> Prepared:
     return [*COMMON, "trainer.mode=colocate_async", "async_training.max_lag=0"], {}
 
 
-@main_run("colocate_lag1")
+@cli_run("colocate_lag1", cost_s=80)
 def _colocate_lag1(work: Path) -> Prepared:
     return COLOCATE, VERIFIED
 
 
-@main_run("colocate_lag1_again")
+@cli_run("colocate_lag1_again", cost_s=80)
 def _colocate_lag1_again(work: Path) -> Prepared:
     return COLOCATE, {}
 
 
-@main_run("separate_lag0")
+@cli_run("separate_lag0", cost_s=65)
 def _separate_lag0(work: Path) -> Prepared:
     return [*COMMON, "trainer.mode=separate_async", "async_training.max_lag=0"], {}
 
 
-@main_run("separate_lag1")
+@cli_run("separate_lag1", cost_s=70)
 def _separate_lag1(work: Path) -> Prepared:
     return [*SEPARATE, *dumped(work)], VERIFIED
 
 
-@main_run("separate_lora")
+@cli_run("separate_lora", cost_s=75)
 def _separate_lora(work: Path) -> Prepared:
     """LoRA actor and reference in the training worker, adapters pushed over gloo to 2 servers, every push verified."""
     return [*SEPARATE, "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.actor.optim.lr=1e-3"], VERIFIED
 
 
-@main_run("separate_killed")
+@cli_run("separate_killed", cost_s=90)
 def _separate_killed(work: Path) -> Prepared:
     threading.Thread(target=kill_rollout_server_after_step_1, args=(work,), daemon=True).start()
     return [*KILLED, *dumped(work)], {}
 
 
-@main_run("separate_lag1_again")
+@cli_run("separate_lag1_again", cost_s=70)
 def _separate_lag1_again(work: Path) -> Prepared:
     return SEPARATE, {}
 
@@ -178,36 +167,30 @@ def node_resources(address: str) -> dict[str, dict]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def run_async_modes(tmp_path_factory) -> MainRuns:
-    """Every run above; the resumed ones start from step 1's checkpoint of their mode's lag-1 run."""
-    nodes_dir = tmp_path_factory.mktemp("ray_nodes")
-    with two_nodes(nodes_dir) as address:
+@cli_run("separate_partial", cost_s=110, own_cluster="two Ray nodes of its own, each offering one pool")
+def _separate_partial(work: Path) -> Prepared:
+    nodes = two_nodes(work)
+    address = nodes.__enter__()
+    (work / "nodes.json").write_text(json.dumps(node_resources(address)))
+    stop = lambda: nodes.__exit__(None, None, None)  # noqa: E731 - the nodes outlive this call, not the run
+    return Prepared([*PARTIAL, *dumped(work)], {"RAY_ADDRESS": address}, cleanup=stop)
 
-        @main_run("separate_partial")
-        def _separate_partial(work: Path) -> Prepared:
-            (work / "nodes.json").write_text(json.dumps(node_resources(address)))
-            return [*PARTIAL, *dumped(work)], {"RAY_ADDRESS": address}
 
-        done = run_concurrently(WAVES[0], tmp_path_factory)
-    for mode, args in (("colocate", COLOCATE), ("separate", SEPARATE)):
-        checkpoint = done[f"{mode}_lag1"].work / "ckpt" / "global_step_1"
+def _resumed(mode: str, args: list[str]):
+    def prepare(work: Path, deps: dict) -> Prepared:
+        checkpoint = deps[f"{mode}_lag1"].work / "ckpt" / "global_step_1"
+        resume = ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={checkpoint}"]
+        return Prepared([*args, *resume, *dumped(work)], {})
 
-        def prepare(work: Path, args=args, checkpoint=checkpoint) -> Prepared:
-            resume = ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={checkpoint}"]
-            return [*args, *resume, *dumped(work)], {}
+    return prepare
 
-        main_run(f"{mode}_resumed")(prepare)
 
-    @main_run("separate_killed_resumed")
-    def _separate_killed_resumed(work: Path, killed=done["separate_killed"].work) -> Prepared:
-        # the same folders as the killed run (checkpoints, dumps); this run's logs in its own
-        overrides = [*KILLED, "trainer.resume_mode=auto", f"trainer.default_local_dir={killed / 'ckpt'}"]
-        return [*overrides, *dumped(killed)], {}
+cli_run("colocate_resumed", cost_s=60, after=("colocate_lag1",))(_resumed("colocate", COLOCATE))
+cli_run("separate_resumed", cost_s=60, after=("separate_lag1",))(_resumed("separate", SEPARATE))
 
-    second = run_concurrently(WAVES[1], tmp_path_factory)
-    done.update(second)
-    done.ended.update(second.ended)
-    for name, run in done.items():
-        if name not in FAILING:
-            assert run.returncode == 0, f"{name}:\n{run.output[-3000:]}"
-    return done
+
+@cli_run("separate_killed_resumed", cost_s=70, after=("separate_killed",))
+def _separate_killed_resumed(work: Path, deps: dict) -> Prepared:
+    killed = deps["separate_killed"].work  # the same folders as the killed run (checkpoints, dumps); logs in its own
+    overrides = [*KILLED, "trainer.resume_mode=auto", f"trainer.default_local_dir={killed / 'ckpt'}"]
+    return Prepared([*overrides, *dumped(killed)], {})

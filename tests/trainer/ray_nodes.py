@@ -60,6 +60,21 @@ def _nodes(address: str) -> int:
     return int(out.stdout.strip().splitlines()[-1])
 
 
+def wait_for_nodes(address: str, count: int, started: list[subprocess.Popen], work: Path) -> None:
+    """Wait until the cluster at ``address`` has ``count`` alive nodes; an exited ``ray start`` of ``started`` or
+    `START_TIMEOUT_S` is an error naming the logs in ``work``."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        if any(p.poll() is not None for p in started):
+            raise RuntimeError(f"ray start exited early; see the ray_*.log files in {work}")
+        with contextlib.suppress(subprocess.SubprocessError, ValueError, IndexError):
+            if _nodes(address) == count:
+                return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{count} Ray node(s) did not come up within {START_TIMEOUT_S} s; see {work}")
+        time.sleep(1)
+
+
 @contextlib.contextmanager
 def two_nodes(work: Path) -> Iterator[str]:
     """Start the head (``train_pool``) and the second node (``rollout_pool``); yields the cluster's address."""
@@ -83,7 +98,7 @@ def two_nodes(work: Path) -> Iterator[str]:
                 work / "ray_head.log",
             )
         )
-        time.sleep(3)
+        wait_for_nodes(address, 1, started, work)  # the head is up before the second node joins it
         started.append(
             _ray_start(
                 [
@@ -96,17 +111,7 @@ def two_nodes(work: Path) -> Iterator[str]:
                 work / "ray_worker.log",
             )
         )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            dead = [p for p in started if p.poll() is not None]
-            if dead:
-                raise RuntimeError(f"ray start exited early; see {work}/ray_head.log and ray_worker.log")
-            with contextlib.suppress(subprocess.SubprocessError, ValueError, IndexError):
-                if _nodes(address) == 2:
-                    break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the two Ray nodes did not come up within {START_TIMEOUT_S} s; see {work}")
-            time.sleep(1)
+        wait_for_nodes(address, 2, started, work)
         yield address
     finally:
         for proc in reversed(started):

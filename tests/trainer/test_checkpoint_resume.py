@@ -10,13 +10,15 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from tests.trainer.test_main_ppo import main_command, quickstart, read_jsonl, run_main
+from tests.cli_runs import Prepared, cli_run, needs
+from tests.trainer.async_runs import placed
+from tests.trainer.test_main_ppo import quickstart, read_jsonl
 
 # 48 prompts of 16: 3 steps per epoch, so 4 steps cross an epoch boundary; 2 worker processes. PPO with a critic
 # (GAE) and a KL loss (so the reference policy runs too): every engine's state (actor, critic, optimizers, RNGs)
@@ -81,85 +83,66 @@ def assert_same_steps(resumed: dict[int, dict], straight: dict[int, dict]) -> No
             assert value == reference[key], f"step {step}: {key} = {value!r} resumed, {reference[key]!r} straight"
 
 
-@pytest.fixture(scope="module")
-def straight(tmp_path_factory) -> tuple[Path, dict[int, dict]]:
+@cli_run("resume_straight", cost_s=90)
+def _straight(work: Path) -> Prepared:
     """4 steps without interruption, a checkpoint after each (with HF weights)."""
-    tmp = tmp_path_factory.mktemp("straight")
-    code, output, records = run_main(
-        tmp,
-        *COMMON,
-        f"trainer.rollout_data_dir={tmp / 'rollouts'}",
-        "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
-    )
-    assert code == 0, output[-3000:]
-    return tmp, steps(records)
+    hf = "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"
+    return Prepared([*COMMON, f"trainer.rollout_data_dir={work / 'rollouts'}", hf], {})
 
 
-def _parents() -> dict[int, int]:
-    """``{pid: parent pid}`` of every process on the machine."""
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:  # /proc/<pid>/stat: "pid (comm) state ppid ..."; comm may hold spaces, so split after ")"
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-    return parents
+def kill_a_worker_after_step_2(work: Path, timeout_s: float = 600) -> None:
+    """Once step 2's checkpoint of the run in ``work`` is the latest, SIGKILL its training worker of rank 0 (its pid
+    from the trainer's ``placement:`` log line); write the moment (``time.monotonic()``) to ``work / "killed_at"``."""
+    tracker, log = work / "ckpt" / "latest_checkpointed_iteration.txt", work / "output.log"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if tracker.exists() and tracker.read_text().strip() == "2" and log.exists():
+            workers = {pid for (_, rank), (_, pid) in placed(log.read_text(errors="replace")).items() if rank == 0}
+            if len(workers) == 1:  # actor and critic share the fused worker process of rank 0
+                os.kill(workers.pop(), signal.SIGKILL)
+                (work / "killed_at").write_text(repr(time.monotonic()))
+                return
+        time.sleep(0.05)
 
 
-def _descendants(root: int) -> set[int]:
-    """The processes started, directly or not, by ``root`` (Ray's raylet and its workers descend from the driver)."""
-    parents = _parents()
-    found: set[int] = set()
-    for pid in parents:
-        chain, cur = [], pid
-        while cur in parents and cur not in (0, 1, root) and cur not in found:
-            chain.append(cur)
-            cur = parents[cur]
-        if cur == root or cur in found:
-            found.update(chain)
-    return found
+@cli_run("resume_killed", cost_s=70)
+def _killed(work: Path) -> Prepared:
+    """As the straight run; a training worker dies in the middle of step 3."""
+    threading.Thread(target=kill_a_worker_after_step_2, args=(work,), daemon=True).start()
+    return Prepared(list(COMMON), {})
 
 
-def _worker_pids(root: int) -> list[int]:
-    """Processes of this run's Ray actors of the fused worker class (title ``ray::WorkerDict_<roles>...``), and
-    only this run's: descendants of its driver process ``root``, never another run's workers on the machine."""
-    pids = []
-    for pid in sorted(_descendants(root)):
-        try:
-            title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
-        except OSError:
-            continue
-        if title.startswith(b"ray::WorkerDict"):
-            pids.append(pid)
-    return pids
+@cli_run("resume_after_kill", cost_s=60, after=("resume_killed",))
+def _resumed_after_kill(work: Path, deps: dict) -> Prepared:
+    """The killed run again, in its folder (``trainer.resume_mode=auto``), keeping two checkpoints."""
+    ckpt = deps["resume_killed"].work / "ckpt"
+    keep_two = ("trainer.max_actor_ckpt_to_keep=2", "trainer.max_critic_ckpt_to_keep=2")
+    return Prepared([*COMMON, *keep_two, f"trainer.default_local_dir={ckpt}"], {})
 
 
-def _resume_at_the_epoch_boundary(work: Path, straight_dir: Path) -> tuple[int, str, list, Path]:
-    folder = straight_dir / "ckpt" / "global_step_3"  # the last step of epoch 0
-    return *run_main(
-        work,
-        *COMMON,
-        "trainer.resume_mode=resume_path",
-        f"trainer.resume_from_path={folder}",
-        f"trainer.rollout_data_dir={work / 'rollouts'}",
-    ), work
+@cli_run("resume_epoch", cost_s=50, after=("resume_straight",))
+def _resume_at_the_epoch_boundary(work: Path, deps: dict) -> Prepared:
+    folder = deps["resume_straight"].work / "ckpt" / "global_step_3"  # the last step of epoch 0
+    resume = ("trainer.resume_mode=resume_path", f"trainer.resume_from_path={folder}")
+    return Prepared([*COMMON, *resume, f"trainer.rollout_data_dir={work / 'rollouts'}"], {})
 
 
-def _refused_resumes(work: Path, straight_dir: Path) -> dict[str, tuple[int, str, list]]:
-    """A checkpoint with a missing file, and the same checkpoint resumed with another (narrower) model."""
+@cli_run("resume_broken", cost_s=35, after=("resume_straight",))
+def _broken_checkpoint(work: Path, deps: dict) -> Prepared:
+    """Step 4's checkpoint with a missing shard."""
+    broken = work / "broken" / "global_step_4"
+    shutil.copytree(deps["resume_straight"].work / "ckpt" / "global_step_4", broken)
+    (broken / "actor" / "__1_0.distcp").unlink()
+    return Prepared([*COMMON, "trainer.resume_mode=resume_path", f"trainer.resume_from_path={broken}"], {})
+
+
+@cli_run("resume_other_model", cost_s=35, after=("resume_straight",))
+def _another_model(work: Path, deps: dict) -> Prepared:
+    """Step 4's checkpoint resumed with another (narrower) model."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from verl.utils.demo import ensure_demo_assets
 
-    source = straight_dir / "ckpt" / "global_step_4"
-    broken = work / "broken" / "global_step_4"
-    shutil.copytree(source, broken)
-    (broken / "actor" / "__1_0.distcp").unlink()
-    runs = {}
-    runs["broken"] = run_main(
-        work, *COMMON, "trainer.resume_mode=resume_path", f"trainer.resume_from_path={broken}", name="broken"
-    )
     assets = ensure_demo_assets(work.parent / "verl_cache")
     other = work / "other_model"
     config = AutoConfig.from_pretrained(assets.model_path)
@@ -168,67 +151,45 @@ def _refused_resumes(work: Path, straight_dir: Path) -> dict[str, tuple[int, str
     for file in Path(assets.model_path).iterdir():
         if file.name.startswith(("tokenizer", "special_tokens", "chat_template")):
             shutil.copy(file, other / file.name)
+    source = deps["resume_straight"].work / "ckpt" / "global_step_4"
     overrides = quickstart(Path(assets.train_files).parent, str(other), "algorithm.adv_estimator=grpo")
-    runs["other"] = run_main(
-        work,
-        *overrides,
-        "actor_rollout_ref.rollout.n=2",
-        "trainer.resume_mode=resume_path",
-        f"trainer.resume_from_path={source}",
-        name="other",
-    )
-    return runs
+    resume = ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={source}"]
+    return Prepared([*overrides, "actor_rollout_ref.rollout.n=2", *resume, "trainer.logger=[console,file]"], {})
 
 
-@pytest.fixture(scope="module")
-def side_runs(tmp_path_factory, straight):
-    """The runs that only read the straight run's checkpoints, started in two threads as soon as it is done, so they
-    overlap with the killed-worker test's runs (most of a run is Ray and the workers starting up)."""
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        yield {
-            "epoch": pool.submit(_resume_at_the_epoch_boundary, tmp_path_factory.mktemp("epoch"), straight[0]),
-            "refused": pool.submit(_refused_resumes, tmp_path_factory.mktemp("refused"), straight[0]),
-        }
+@pytest.fixture
+def straight(cli_runs) -> tuple[Path, dict[int, dict]]:
+    run = cli_runs["resume_straight"]
+    assert run.returncode == 0, run.output[-3000:]
+    return run.work, steps(run.records)
 
 
-# three runs (the straight one, killed, resumed), beside the side runs: ~5 minutes on a 2-core machine
-@pytest.mark.timeout(900)
-def test_a_killed_worker_stops_the_run_and_the_resumed_run_matches(tmp_path, straight, side_runs):
+@needs("resume_straight", "resume_killed", "resume_after_kill")
+def test_a_killed_worker_stops_the_run_and_the_resumed_run_matches(straight, cli_runs):
     straight_dir, reference = straight
-    args, env, log = main_command(tmp_path, *COMMON, name="killed")
-    ckpt = tmp_path / "ckpt"
-    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    tracker = ckpt / "latest_checkpointed_iteration.txt"
-    deadline = time.monotonic() + 300
-    while not (tracker.exists() and tracker.read_text().strip() == "2"):
-        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its step-2 checkpoint"
-        time.sleep(0.05)
-    victims = _worker_pids(proc.pid)
-    assert len(victims) == 2, f"expected this run's 2 worker processes, found {victims}"
-    os.kill(victims[0], signal.SIGKILL)  # a training worker dies in the middle of step 3
-    killed_at = time.monotonic()
-    output, _ = proc.communicate(timeout=180)
-    assert proc.returncode != 0
-    stopped_after = time.monotonic() - killed_at
-    print(f"the driver stopped {stopped_after:.1f} s after the worker was killed")
+    killed = cli_runs["resume_killed"]
+    output = killed.output
+    assert killed.returncode != 0 and (killed.work / "killed_at").exists(), output[-3000:]
+    assert sorted(steps(killed.records)) == [1, 2], output[-3000:]  # the kill landed in step 3, mid-run
+    stopped_after = cli_runs.ended["resume_killed"] - float((killed.work / "killed_at").read_text())
     assert stopped_after < 120  # the driver noticed and stopped, no hang
     assert "died while running" in output and "actor_rollout" in output and "in stage" in output, output[-3000:]
 
     # resume (trainer.resume_mode=auto): from step 2, through the epoch boundary after step 3, to step 4
-    keep_two = ("trainer.max_actor_ckpt_to_keep=2", "trainer.max_critic_ckpt_to_keep=2")
-    code, output, records = run_main(tmp_path, *COMMON, *keep_two, name="resumed")
+    code, output, records, _ = cli_runs["resume_after_kill"]
     assert code == 0, output[-3000:]
     assert "resumed from" in output and "global_step_2" in output
     resumed = steps(records)
     assert sorted(resumed) == [3, 4] and resumed[4]["training/epoch"] == 1
     assert_same_steps(resumed, reference)
-    assert_same_steps({k: v for k, v in steps(read_jsonl(log)).items() if k <= 2}, reference)
+    assert_same_steps(steps(killed.records), reference)
     # rotation kept the newest two, and the tracker points at the last
+    ckpt = killed.work / "ckpt"
     assert sorted(p.name for p in ckpt.iterdir() if p.name.startswith("global_step_")) == [
         "global_step_3",
         "global_step_4",
     ]
-    assert tracker.read_text().strip() == "4"
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
     # the trainer state written at the end is the uninterrupted run's (random states aside: pickled generators)
     from verl.utils.checkpoint.checkpoint_manager import TRAINER_STATE_FILE, load_state_file
 
@@ -239,10 +200,10 @@ def test_a_killed_worker_stops_the_run_and_the_resumed_run_matches(tmp_path, str
     assert (ours["global_steps"], ours["epoch"], ours["weight_version"]) == (4, 1, 4)  # one weight push per step
 
 
-@pytest.mark.timeout(900)
-def test_resume_from_an_epoch_boundary_neither_skips_nor_repeats(straight, side_runs):
+@needs("resume_straight", "resume_epoch")
+def test_resume_from_an_epoch_boundary_neither_skips_nor_repeats(straight, cli_runs):
     straight_dir, reference = straight
-    code, output, records, work = side_runs["epoch"].result()
+    code, output, records, work = cli_runs["resume_epoch"]
     assert code == 0, output[-3000:]
     resumed = steps(records)
     assert sorted(resumed) == [4] and resumed[4]["training/epoch"] == 1
@@ -253,6 +214,7 @@ def test_resume_from_an_epoch_boundary_neither_skips_nor_repeats(straight, side_
     assert ours == theirs
 
 
+@needs("resume_straight")
 def test_gae_with_a_kl_loss_trains_its_critic_and_moves_away_from_the_reference(straight):
     records = straight[1]
     assert sorted(records) == [1, 2, 3, 4]
@@ -270,6 +232,7 @@ def test_gae_with_a_kl_loss_trains_its_critic_and_moves_away_from_the_reference(
         assert records[step]["actor/kl_coef"] == 0.001  # actor.kl_loss_coef's default
 
 
+@needs("resume_straight")
 def test_checkpoint_layout(straight):
     folder = straight[0] / "ckpt" / "global_step_4"
     names = {p.name for p in folder.iterdir()}
@@ -281,6 +244,7 @@ def test_checkpoint_layout(straight):
     assert not any(p.name.startswith(".tmp_") for p in folder.parent.iterdir())
 
 
+@needs("resume_straight")
 def test_model_merger_on_a_trainer_checkpoint(tmp_path, straight):
     from transformers import AutoModelForCausalLM
 
@@ -296,10 +260,9 @@ def test_model_merger_on_a_trainer_checkpoint(tmp_path, straight):
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
 
 
-@pytest.mark.timeout(900)
-def test_missing_file_and_another_model_are_refused_by_name(side_runs):
-    runs = side_runs["refused"].result()
-    code, output, _ = runs["broken"]
+@needs("resume_broken", "resume_other_model")
+def test_missing_file_and_another_model_are_refused_by_name(cli_runs):
+    code, output, _, _ = cli_runs["resume_broken"]
     assert code != 0 and "__1_0.distcp is missing" in output, output[-3000:]
-    code, output, _ = runs["other"]
+    code, output, _, _ = cli_runs["resume_other_model"]
     assert code != 0 and "is of another model" in output and "hidden_size=128" in output, output[-3000:]

@@ -12,25 +12,39 @@ from the next epoch. The contract:
 - a lag-1 run resumed from its step-1 checkpoint (which holds the batch generated ahead, not trained yet) logs
   steps 2 and 3 exactly as the uninterrupted run.
 
-The runs (``sync``, ``colocate_lag0``, ``colocate_lag1``, ``colocate_lag1_again``, ``colocate_resumed``) are shared
-with the separate_async tests: ``tests/trainer/async_runs.py``.
+The runs (``sync``, ``colocate_lag0``, ``colocate_lag1``, ``colocate_lag1_again``, ``colocate_resumed``) are declared
+in ``tests/trainer/async_runs.py`` (shared with the separate_async tests) and started by the session's scheduler.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from tests.cli_runs import needs
+from tests.trainer import async_runs  # noqa: F401 - declares the runs
 from tests.trainer.test_checkpoint_resume import assert_same_steps, steps
-from tests.trainer.test_main_ppo import POOL_TIMEOUT_S, run_main
 
 
-@pytest.fixture(scope="module")
-def runs(async_runs):
-    return {name: run.records for name, run in async_runs.items()}
+def records_of(cli_runs, *names: str) -> dict[str, list]:
+    """The file-logger records of each run, checking first that it succeeded."""
+    out = {}
+    for name in names:
+        run = cli_runs[name]
+        assert run.returncode == 0, f"{name}:\n{run.output[-3000:]}"
+        out[name] = run.records
+    return out
 
 
 def logged(records: list[dict]) -> list[dict]:
     return [r["data"] for r in records if r["data"]]
+
+
+def assert_idle_shares(data: dict) -> None:
+    """The idle shares are times over the step so far (at most the whole step): the trainer's is at least its wait
+    over the step's duration, and both are shares."""
+    wait = data["timing_s/wait_rollout"]
+    assert wait >= 0 and min(1.0, wait / data["timing_s/step"]) <= data["trainer/idle_ratio"] + 1e-9, data
+    assert data["trainer/idle_ratio"] <= 1 and 0 <= data["rollouter/idle_ratio"] <= 1, data
 
 
 def without_async_only(by_step: dict[int, dict]) -> dict[int, dict]:
@@ -39,16 +53,18 @@ def without_async_only(by_step: dict[int, dict]) -> dict[int, dict]:
     return {step: {k: v for k, v in data.items() if not k.startswith(only)} for step, data in by_step.items()}
 
 
-@pytest.mark.timeout(POOL_TIMEOUT_S)
-def test_lag0_equals_sync(runs):
+@needs("colocate_lag0", "sync")
+def test_lag0_equals_sync(cli_runs):
+    runs = records_of(cli_runs, "colocate_lag0", "sync")
     assert len(logged(runs["colocate_lag0"])) == 3
     assert_same_steps(without_async_only(steps(runs["colocate_lag0"])), steps(runs["sync"]))
     for data in logged(runs["colocate_lag0"]):
         assert data["async/staleness/max"] == 0 and "rollout_corr/rollout_is_mean" not in data  # no correction at 0
 
 
-@pytest.mark.timeout(POOL_TIMEOUT_S)
-def test_lag1_trains_one_version_behind_and_reproduces_itself(runs):
+@needs("colocate_lag1", "colocate_lag1_again")
+def test_lag1_trains_one_version_behind_and_reproduces_itself(cli_runs):
+    runs = records_of(cli_runs, "colocate_lag1", "colocate_lag1_again")
     records = logged(runs["colocate_lag1"])
     assert [d["training/global_step"] for d in records] == [1, 2, 3]
     assert [d["async/weight_version"] for d in records] == [0, 1, 2]
@@ -57,29 +73,32 @@ def test_lag1_trains_one_version_behind_and_reproduces_itself(runs):
     assert [d["async/staleness/max"] for d in records] == [0, 1, 1]
     assert [d["async/staleness/mean"] for d in records] == [0, 1, 1]
     assert [d["training/epoch"] for d in records] == [0, 0, 1]  # step 3's batch (drawn during step 2): epoch 1
+    # step 1 has nothing generated ahead: the trainer waits for its whole first batch
+    assert records[0]["timing_s/wait_rollout"] > 0 and records[0]["trainer/idle_ratio"] > 0
     for data in records:
         # off-policy correction on by default at lag > 0: token-level truncated IS from the rollout's log-probs
         assert data["rollout_corr/rollout_is_mean"] > 0
-        assert data["timing_s/wait_rollout"] >= 0 and data["timing_s/param_sync"] == data["timing_s/update_weights"]
-        assert 0 <= data["trainer/idle_ratio"] <= 1 and 0 <= data["rollouter/idle_ratio"] <= 1
+        assert data["timing_s/param_sync"] == data["timing_s/update_weights"]
+        assert_idle_shares(data)
         assert data["weight_sync/buckets"] >= 1
     assert records[1]["rollout_corr/kl"] != 0  # the trainer's weights moved on from the rollout's
     assert_same_steps(steps(runs["colocate_lag1_again"]), steps(runs["colocate_lag1"]))
 
 
-@pytest.mark.timeout(POOL_TIMEOUT_S)
-def test_lag1_resumes_exactly(runs):
+@needs("colocate_lag1", "colocate_resumed")
+def test_lag1_resumes_exactly(cli_runs):
+    runs = records_of(cli_runs, "colocate_lag1", "colocate_resumed")
     resumed = steps(runs["colocate_resumed"])
     assert sorted(resumed) == [2, 3]
     assert_same_steps(resumed, steps(runs["colocate_lag1"]))
 
 
 @pytest.mark.vllm
-def test_vllm_servers_beside_the_trainer(tmp_path):
+def test_vllm_servers_beside_the_trainer(tmp_path, cli):
     """vLLM's engine as the resident server (the vllm venv): the push through shared memory reaches it (step 1's
     samples, version 0, score the same under the trainer and the engine) and it serves one version behind."""
     pytest.importorskip("vllm", reason="runs in the vllm venv")
-    code, output, records = run_main(
+    code, output, records = cli(
         tmp_path,
         "trainer.mode=colocate_async",
         "actor_rollout_ref.rollout.name=vllm",

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.cli_runs import Prepared, cli_run, needs
 from tests.trainer.test_checkpoint_resume import assert_same_steps, steps
-from tests.trainer.test_main_ppo import POOL_TIMEOUT_S, run_main
 
 LORA = [
     "trainer.total_training_steps=4",
@@ -34,24 +34,26 @@ LORA = [
 VERIFIED = {"VERL_VERIFY_WEIGHT_SYNC": "1"}
 
 
-@pytest.fixture(scope="module")
-def lora_runs(tmp_path_factory) -> dict:
-    straight_dir = tmp_path_factory.mktemp("lora_straight")
-    code, output, records = run_main(straight_dir, *LORA, env=VERIFIED)
-    assert code == 0, output[-3000:]
-    resumed_dir = tmp_path_factory.mktemp("lora_resumed")
-    checkpoint = straight_dir / "ckpt" / "global_step_2"
-    resumed = run_main(
-        resumed_dir,
-        *LORA,
-        "trainer.resume_mode=resume_path",
-        f"trainer.resume_from_path={checkpoint}",
-        env=VERIFIED,
-    )
-    return {"straight": (code, output, records, straight_dir), "resumed": resumed}
+@cli_run("lora_straight", cost_s=80)
+def _lora_straight(work: Path) -> Prepared:
+    return Prepared(list(LORA), VERIFIED)
 
 
-@pytest.mark.timeout(POOL_TIMEOUT_S)
+@cli_run("lora_resumed", cost_s=60, after=("lora_straight",))
+def _lora_resumed(work: Path, deps: dict) -> Prepared:
+    checkpoint = deps["lora_straight"].work / "ckpt" / "global_step_2"
+    return Prepared([*LORA, "trainer.resume_mode=resume_path", f"trainer.resume_from_path={checkpoint}"], VERIFIED)
+
+
+@pytest.fixture
+def lora_runs(cli_runs) -> dict:
+    """The straight run (checked to have succeeded) and, when the test named it, the resumed one."""
+    straight = cli_runs["lora_straight"]
+    assert straight.returncode == 0, straight.output[-3000:]
+    return {"straight": straight, "resumed": cli_runs["lora_resumed"] if "lora_resumed" in cli_runs else None}
+
+
+@needs("lora_straight")
 def test_lora_ppo_pushes_adapters_only_and_its_reference_is_the_base_model(lora_runs):
     from safetensors.torch import load_file
 
@@ -72,17 +74,17 @@ def test_lora_ppo_pushes_adapters_only_and_its_reference_is_the_base_model(lora_
     assert all(step["actor/kl_loss"] > 0 for step in data[1:])  # then the adapters move it away from the ref
 
 
-@pytest.mark.timeout(POOL_TIMEOUT_S)
+@needs("lora_straight", "lora_resumed")
 def test_lora_ppo_resumes_exactly(lora_runs):
     _, _, straight, _ = lora_runs["straight"]
-    code, output, records = lora_runs["resumed"]
+    code, output, records, _ = lora_runs["resumed"]
     assert code == 0, output[-3000:]
     resumed = steps(records)
     assert sorted(resumed) == [3, 4]
     assert_same_steps(resumed, steps(straight))
 
 
-@pytest.mark.timeout(POOL_TIMEOUT_S)
+@needs("lora_straight")
 def test_merged_checkpoint_gives_the_trained_policy(lora_runs, tmp_path):
     """The merger's folder and the checkpoint's own huggingface folder (both merged) against the base model plus the
     saved adapter, on the same tokens."""
@@ -109,12 +111,12 @@ def test_merged_checkpoint_gives_the_trained_policy(lora_runs, tmp_path):
 
 
 @pytest.mark.vllm
-def test_lora_on_the_vllm_engine(tmp_path):
+def test_lora_on_the_vllm_engine(tmp_path, cli):
     """vLLM (the CPU build) serves the adapters through its LoRA interface, a folder per version; the base comes from
     the first push only (the engine starts from random weights), every push is verified, and the engine's sampling
     log-probs agree with the actor's."""
     pytest.importorskip("vllm", reason="runs in the vllm venv")
-    code, output, records = run_main(
+    code, output, records = cli(
         tmp_path,
         "actor_rollout_ref.rollout.name=vllm",
         "actor_rollout_ref.rollout.load_format=dummy",

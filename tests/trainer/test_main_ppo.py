@@ -1,12 +1,8 @@
 """``python -m verl.trainer.main_ppo`` end to end, as a user runs it (subprocesses, Ray, real workers, CPU).
 
-Most of a run is Ray and the workers starting up, which overlaps well across runs even on 2 cores, so the runs of
-this module are started together: each entry of `RUNS` prepares its run in its own folder (files it needs: reward
-functions, a GSM8K copy, a sampler) and returns its overrides and environment; the module-scoped `main_runs`
-fixture prepares and starts the entries the selected tests need (``@needs(...)``), `PARALLEL_RUNS` at a time,
-kills any that outlives `TIMEOUT_S`, and hands each test its run's exit code, output and file-logger records.
-The tests themselves only assert. Two tests run the CLI themselves: the bad-config one (it fails before Ray, in a
-few seconds) and the vLLM one (another venv), both with `run_main`, on their own.
+Each run is declared once (``@cli_run``) and started by the session's scheduler (`tests/cli_runs.py`); the tests
+only assert on the runs they name (``@needs``). One test runs the CLI itself (``cli``): the bad-config one, which
+fails before Ray in a few seconds; the vLLM one runs in the other venv.
 """
 
 from __future__ import annotations
@@ -14,176 +10,24 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
-from typing import IO, NamedTuple
 
 import pytest
 
-TIMEOUT_S = 600  # one run
-PARALLEL_RUNS = 3
-# The first test that asks for `main_runs` waits for every run of the module: more than the ini's 300 s per test.
-POOL_TIMEOUT_S = 2 * TIMEOUT_S
-
-
-def main_command(tmp_path: Path, *overrides: str, name: str = "run", env: dict | None = None):
-    """``(argv, environment, jsonl path)`` of a CLI run with the file logger into ``tmp_path``."""
-    log = tmp_path / f"{name}.jsonl"
-    environ = dict(os.environ)
-    environ.update(
-        VERL_FILE_LOGGER_PATH=str(log),
-        VERL_CACHE_DIR=str(tmp_path.parent / "verl_cache"),
-        RAY_AUTH_MODE="disabled",
-        HYDRA_FULL_ERROR="1",
-        **(env or {}),
-    )
-    environ = {key: value for key, value in environ.items() if value is not None}  # None: unset it
-    args = [
-        sys.executable,
-        "-m",
-        "verl.trainer.main_ppo",
-        "trainer.logger=[console,file]",
-        f"hydra.run.dir={tmp_path / 'hydra'}",
-        f"trainer.default_local_dir={tmp_path / 'ckpt'}",
-        *overrides,
-    ]
-    return args, environ, log
-
-
-def read_records(log: Path) -> list:
-    """The file logger's records (none when the run never logged)."""
-    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-
-
-def run_main(tmp_path: Path, *overrides: str, name: str = "run", env: dict | None = None) -> tuple[int, str, list]:
-    """Run the CLI with the file logger into ``tmp_path``; returns (exit code, output, the jsonl records)."""
-    args, environ, log = main_command(tmp_path, *overrides, name=name, env=env)
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT_S, env=environ, cwd=tmp_path)
-    return proc.returncode, proc.stdout + proc.stderr, read_records(log)
-
-
-# ------------------------------------------------------------------------------------------- the concurrent runs
-Prepared = tuple[list[str], dict[str, str]]  # a run's overrides and extra environment variables
-Prepare = Callable[[Path], Prepared]  # writes what the run needs into its folder
-
-RUNS: dict[str, Prepare] = {}  # every pooled run, started in the order of this file (the longest, the demo, first)
-
-
-def main_run(name: str) -> Callable[[Prepare], Prepare]:
-    """Register a `Prepare` function as the run ``name`` of `RUNS`."""
-
-    def register(prepare: Prepare) -> Prepare:
-        RUNS[name] = prepare
-        return prepare
-
-    return register
-
-
-def needs(*names: str) -> Callable:
-    """Mark a test as reading these `RUNS` from `main_runs` (only the selected tests' runs are started); the test may
-    wait for the whole pool, hence `POOL_TIMEOUT_S`."""
-
-    def mark(test: Callable) -> Callable:
-        test.main_ppo_runs = names
-        return pytest.mark.timeout(POOL_TIMEOUT_S)(test)
-
-    return mark
-
-
-class MainRun(NamedTuple):
-    """A finished run: exit code, stdout and stderr together, the file logger's records, and its folder."""
-
-    returncode: int
-    output: str
-    records: list
-    work: Path
-
-
-class MainRuns(dict):
-    """`MainRun` by name; asking for a run whose preparation raised raises that error again. ``ended``: when each run
-    was seen to end (``time.monotonic()``, to within half a second)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ended: dict[str, float] = {}
-
-    def __getitem__(self, name: str) -> MainRun:
-        value = super().__getitem__(name)
-        if isinstance(value, Exception):
-            raise RuntimeError(f"preparing the run {name!r} failed") from value
-        return value
-
-
-class _Started(NamedTuple):
-    proc: subprocess.Popen
-    out: IO[str]
-    log: Path
-    work: Path
-    start: float
-
-
-def _start(name: str, work: Path) -> _Started:
-    """Prepare the run ``name`` in ``work`` and start it (in its own session, so that it is killed whole)."""
-    overrides, env = RUNS[name](work)
-    args, environ, log = main_command(work, *overrides, env=env)
-    out = open(work / "output.log", "w+")  # noqa: SIM115 - closed when the run is collected
-    proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=environ, cwd=work, start_new_session=True)
-    return _Started(proc, out, log, work, time.monotonic())
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-
-
-def run_concurrently(names: list[str], tmp_path_factory) -> MainRuns:
-    """Prepare and run each of ``names``, `PARALLEL_RUNS` at a time, each in ``tmp_path_factory.mktemp(name)``."""
-    pending, running, done = list(names), {}, MainRuns()
-    try:
-        while pending or running:
-            while pending and len(running) < PARALLEL_RUNS:
-                name = pending.pop(0)
-                try:
-                    running[name] = _start(name, tmp_path_factory.mktemp(name))
-                except Exception as error:  # fails the tests of this run only
-                    done[name] = error
-            time.sleep(0.5)
-            for name, run in list(running.items()):
-                elapsed = time.monotonic() - run.start
-                if run.proc.poll() is None and elapsed < TIMEOUT_S:
-                    continue
-                if run.proc.returncode is None:
-                    _kill(run.proc)
-                    run.out.seek(0, os.SEEK_END)
-                    run.out.write(f"\n[test_main_ppo] killed after {TIMEOUT_S} s\n")
-                run.out.seek(0)
-                done.ended[name] = time.monotonic()
-                done[name] = MainRun(run.proc.returncode, run.out.read(), read_records(run.log), run.work)
-                run.out.close()
-                del running[name]
-                print(f"{name}: exit {run.proc.returncode} after {elapsed:.1f} s")
-    finally:  # interrupted (a test timeout, ^C): no run outlives the fixture
-        for run in running.values():
-            _kill(run.proc)
-            run.out.close()
-    return done
-
-
-@pytest.fixture(scope="module")
-def main_runs(request, tmp_path_factory) -> MainRuns:
-    """The `RUNS` that the selected tests need, run concurrently."""
-    wanted = {
-        name for item in request.session.items for name in getattr(getattr(item, "function", None), "main_ppo_runs", ())
-    }
-    return run_concurrently([name for name in RUNS if name in wanted], tmp_path_factory)
+from tests.cli_runs import (  # noqa: F401 - re-exported: other test modules import them from here
+    POOL_TIMEOUT_S,
+    TIMEOUT_S,
+    MainRun,
+    Prepared,
+    cli_run,
+    main_command,
+    needs,
+    read_records,
+    run_main,
+)
 
 
 # ------------------------------------------------------------------------------------------------------ the tests
@@ -204,7 +48,7 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-@main_run("demo")
+@cli_run("demo", cost_s=90)
 def prepare_demo(work: Path) -> Prepared:
     """The demo as it ships: no override at all (40 steps, the longest run)."""
     return [], {}
@@ -212,9 +56,10 @@ def prepare_demo(work: Path) -> Prepared:
 
 @pytest.mark.slow
 @needs("demo")
-def test_demo_learns_out_of_the_box(main_runs):
-    code, output, records, _ = main_runs["demo"]
+def test_demo_learns_out_of_the_box(cli_runs):
+    code, output, records, _ = cli_runs["demo"]
     assert code == 0, output[-3000:]
+    data_records = [r for r in records if r["data"]]
     scores = series(records, "critic/score/mean")
     assert len(scores) == 40
     first, last = sum(scores[:5]) / 5, sum(scores[-5:]) / 5
@@ -231,14 +76,16 @@ def test_demo_learns_out_of_the_box(main_runs):
         # sync: step k trains samples of weight version k - 1 (one push per step), from version k - 1: lag 0
         assert data["async/weight_version"] == record["step"] - 1
         assert data["async/staleness/mean"] == data["async/staleness/max"] == 0
-    grad_norms = series(records, "actor/grad_norm")
-    assert min(grad_norms) >= 0 and sum(g > 0 for g in grad_norms) >= len(grad_norms) // 2, grad_norms
+    # a step with a sample of non-zero advantage moves the policy (a norm of 0 there would be a lost gradient)
+    steps = [(r["data"]["actor/grad_norm"], r["data"].get("actor/zero_adv_skip_frac", 0.0)) for r in data_records]
+    assert all(norm > 0 for norm, skipped in steps if skipped < 1), steps
+    assert sum(norm > 0 for norm, _ in steps) >= len(steps) // 2, steps
 
 
 KEEP_ZERO_ADV = "actor_rollout_ref.actor.skip_zero_advantage_samples=false"
 
 
-@main_run("demo_old_log_prob_pass")
+@cli_run("demo_old_log_prob_pass", cost_s=40)
 def prepare_demo_old_log_prob_pass(work: Path) -> Prepared:
     """The demo's first 4 steps with the old-log-prob pass run on its own, every sample through the gradient pass."""
     return [
@@ -248,7 +95,7 @@ def prepare_demo_old_log_prob_pass(work: Path) -> Prepared:
     ], {}
 
 
-@main_run("demo_zero_adv_kept")
+@cli_run("demo_zero_adv_kept", cost_s=35)
 def prepare_demo_zero_adv_kept(work: Path) -> Prepared:
     """The demo's first 4 steps with every sample through the gradient pass (the demo skips zero-advantage ones)."""
     return ["trainer.total_training_steps=4", KEEP_ZERO_ADV], {}
@@ -260,10 +107,10 @@ def data_records(run: MainRun) -> list[dict]:
 
 @pytest.mark.slow
 @needs("demo_zero_adv_kept", "demo_old_log_prob_pass")
-def test_old_log_probs_from_the_update_are_bit_identical_to_their_own_pass(main_runs):
+def test_old_log_probs_from_the_update_are_bit_identical_to_their_own_pass(cli_runs):
     from tests.trainer.test_checkpoint_resume import comparable  # (that module imports this one)
 
-    skipped, separate = main_runs["demo_zero_adv_kept"], main_runs["demo_old_log_prob_pass"]
+    skipped, separate = cli_runs["demo_zero_adv_kept"], cli_runs["demo_old_log_prob_pass"]
     assert separate.returncode == 0, separate.output[-3000:]
     assert "old log-probs: from the update's forward" in skipped.output
     assert "old log-probs: actor.skip_on_policy_old_log_prob=false" in separate.output
@@ -278,12 +125,12 @@ def test_old_log_probs_from_the_update_are_bit_identical_to_their_own_pass(main_
 
 @pytest.mark.slow
 @needs("demo", "demo_zero_adv_kept")
-def test_skipping_zero_advantage_samples_keeps_the_first_update(main_runs):
+def test_skipping_zero_advantage_samples_keeps_the_first_update(cli_runs):
     """Step 1 (same weights, same samples): the loss bit for bit, the gradient norm and every other metric within
     float-sum order; later steps start from weights that differ in the last bits, so they are not compared."""
     from tests.trainer.test_checkpoint_resume import comparable
 
-    demo, kept = main_runs["demo"], main_runs["demo_zero_adv_kept"]
+    demo, kept = cli_runs["demo"], cli_runs["demo_zero_adv_kept"]
     assert "zero-advantage samples: skipped in the update" in demo.output
     assert "zero-advantage samples: kept (actor.skip_zero_advantage_samples=false)" in kept.output
     a, b = data_records(demo)[0]["data"], data_records(kept)[0]["data"]
@@ -298,7 +145,7 @@ def test_skipping_zero_advantage_samples_keeps_the_first_update(main_runs):
         assert value == (pytest.approx(expected, rel=1e-5, abs=1e-7) if isinstance(value, float) else expected), key
 
 
-@main_run("validation")
+@cli_run("validation", cost_s=45, own_cluster="asserts the thread count run_ppo picks for a cluster of its own")
 def prepare_validation(work: Path) -> Prepared:
     """Validation before training and at the last step, 4 samples at temperature 1, with the dumps."""
     return [
@@ -316,10 +163,10 @@ def prepare_validation(work: Path) -> Prepared:
 
 
 @needs("validation")
-def test_validation_metrics_generations_and_dumps(main_runs):
+def test_validation_metrics_generations_and_dumps(cli_runs):
     from verl.trainer.ppo.validation import validation_metrics
 
-    code, output, records, work = main_runs["validation"]
+    code, output, records, work = cli_runs["validation"]
     assert code == 0, output[-3000:]
     # OMP_NUM_THREADS unset: the one training worker computes on every core (Ray alone would give it one thread)
     assert f"1 computing process(es) on {os.cpu_count()} cores: OMP_NUM_THREADS={os.cpu_count()} each" in output
@@ -354,7 +201,7 @@ def test_validation_metrics_generations_and_dumps(main_runs):
         assert "timing_s/dump_rollout_generations" in by_step[step]
 
 
-@main_run("val_only")
+@cli_run("val_only", cost_s=35)
 def prepare_val_only(work: Path) -> Prepared:
     """Validation only, of 5 prompts over 2 workers."""
     return [
@@ -368,8 +215,8 @@ def prepare_val_only(work: Path) -> Prepared:
 
 
 @needs("val_only")
-def test_val_only_with_a_validation_set_that_does_not_divide_over_the_workers(main_runs):
-    code, output, records, work = main_runs["val_only"]
+def test_val_only_with_a_validation_set_that_does_not_divide_over_the_workers(cli_runs):
+    code, output, records, work = cli_runs["val_only"]
     assert code == 0, output[-3000:]
     assert [r["step"] for r in records if r.get("data")] == [0]  # validated, never trained
     data = records[-1]["data"]
@@ -378,7 +225,7 @@ def test_val_only_with_a_validation_set_that_does_not_divide_over_the_workers(ma
     assert len(rows) == 5 and len({r["input"] for r in rows}) == 5  # padding rows were dropped
 
 
-@main_run("remax")
+@cli_run("remax", cost_s=40)
 def prepare_remax(work: Path) -> Prepared:
     """ReMax with PF-PPO, and a chat template of our own."""
     template = "{% for m in messages %}Q: {{ m.content }} {% endfor %}A:"
@@ -392,8 +239,8 @@ def prepare_remax(work: Path) -> Prepared:
 
 
 @needs("remax")
-def test_remax_baseline_pf_ppo_and_a_custom_chat_template(main_runs):
-    code, output, records, work = main_runs["remax"]
+def test_remax_baseline_pf_ppo_and_a_custom_chat_template(cli_runs):
+    code, output, records, work = cli_runs["remax"]
     assert code == 0, output[-3000:]
     data = records[-1]["data"]
     assert data["timing_s/gen_max"] > 0 and data["timing_s/generate_sequences"] > 0
@@ -404,7 +251,7 @@ def test_remax_baseline_pf_ppo_and_a_custom_chat_template(main_runs):
     assert len(rows) == 64 and any(c % 4 for c in counts.values())
 
 
-@main_run("dapo")
+@cli_run("dapo", cost_s=45)
 def prepare_dapo(work: Path) -> Prepared:
     """DAPO's dynamic sampling (filter_groups) and clip-higher."""
     return [
@@ -416,8 +263,8 @@ def prepare_dapo(work: Path) -> Prepared:
 
 
 @needs("dapo")
-def test_dapo_dynamic_sampling_trains_on_informative_groups_only(main_runs):
-    code, output, records, work = main_runs["dapo"]
+def test_dapo_dynamic_sampling_trains_on_informative_groups_only(cli_runs):
+    code, output, records, work = cli_runs["dapo"]
     assert code == 0, output[-3000:]
     steps = [r["data"] for r in records if r["data"]]
     assert len(steps) == 2 and all(1 <= s["train/num_gen_batches"] <= 8 for s in steps)
@@ -430,7 +277,7 @@ def test_dapo_dynamic_sampling_trains_on_informative_groups_only(main_runs):
         assert all(len(set(scores)) > 1 for scores in by_prompt.values())  # no group with one score survived
 
 
-@main_run("optimal_token_baseline")
+@cli_run("optimal_token_baseline", cost_s=40)
 def prepare_optimal_token_baseline(work: Path) -> Prepared:
     """A bf16 rollout against the fp32 trainer: a real mismatch for the IS weights and the rejection to act on; the
     optimal-token baseline reads the old-log-prob pass's Σπ² and the IS weights."""
@@ -445,7 +292,7 @@ def prepare_optimal_token_baseline(work: Path) -> Prepared:
     ], {}
 
 
-@main_run("bypass")
+@cli_run("bypass", cost_s=35)
 def prepare_bypass(work: Path) -> Prepared:
     """Rollout correction in bypass mode: the rollout's log-probs as the old policy's, with REINFORCE."""
     return [
@@ -457,8 +304,8 @@ def prepare_bypass(work: Path) -> Prepared:
 
 
 @needs("optimal_token_baseline", "bypass")
-def test_rollout_correction_bypass_mode_and_the_optimal_token_baseline(main_runs):
-    code, output, records, _ = main_runs["optimal_token_baseline"]
+def test_rollout_correction_bypass_mode_and_the_optimal_token_baseline(cli_runs):
+    code, output, records, _ = cli_runs["optimal_token_baseline"]
     assert code == 0, output[-3000:]
     data = records[-1]["data"]
     assert abs(data["rollout_corr/rollout_is_mean"] - 1.0) < 0.1 and data["rollout_corr/rollout_is_max"] <= 2.0
@@ -467,7 +314,7 @@ def test_rollout_correction_bypass_mode_and_the_optimal_token_baseline(main_runs
     advantages = [data[f"critic/advantages/{stat}"] for stat in ("mean", "max", "min")]
     assert all(math.isfinite(a) for a in advantages) and advantages[1] > advantages[2]
 
-    code, output, records, _ = main_runs["bypass"]
+    code, output, records, _ = cli_runs["bypass"]
     assert code == 0, output[-3000:]
     data = records[-1]["data"]
     assert "timing_s/old_log_prob" not in data  # the rollout's log-probs stood in for the old-policy pass
@@ -475,8 +322,8 @@ def test_rollout_correction_bypass_mode_and_the_optimal_token_baseline(main_runs
     assert 0.0 < data["rollout_corr/rollout_is_mean"] <= 2.0 and data["actor/grad_norm"] > 0
 
 
-def test_bad_config_fails_before_ray_naming_every_problem(tmp_path):
-    code, output, _ = run_main(tmp_path, "trainer.mode=fast", "actor_rollout_ref.actor.clip_ratio=-1")
+def test_bad_config_fails_before_ray_naming_every_problem(tmp_path, cli):
+    code, output, _ = cli(tmp_path, "trainer.mode=fast", "actor_rollout_ref.actor.clip_ratio=-1")
     assert code != 0
     assert "2 problem(s) in the config" in output and "trainer.mode='fast'; use one of" in output
     assert "Started a local Ray instance" not in output
@@ -574,7 +421,7 @@ class ScoreCurriculum(AbstractCurriculumSampler):
 """
 
 
-@main_run("quickstart")
+@cli_run("quickstart", cost_s=50)
 def prepare_quickstart(work: Path) -> Prepared:
     """veRL's quickstart on a tiny GSM8K copy, with a curriculum sampler that logs its updates."""
     data, model = make_gsm8k(work), demo_model(work)
@@ -585,8 +432,8 @@ def prepare_quickstart(work: Path) -> Prepared:
 
 
 @needs("quickstart")
-def test_verl_quickstart_command_runs_on_local_tiny_files(main_runs):
-    code, output, records, work = main_runs["quickstart"]
+def test_verl_quickstart_command_runs_on_local_tiny_files(cli_runs):
+    code, output, records, work = cli_runs["quickstart"]
     log = work / "curriculum.log"
     assert code == 0, output[-3000:]
     last = records[-1]["data"]
@@ -598,7 +445,7 @@ def test_verl_quickstart_command_runs_on_local_tiny_files(main_runs):
     assert [line.split()[0] for line in log.read_text().splitlines()] == ["8", "8"]
 
 
-@main_run("malformed_row")
+@cli_run("malformed_row", cost_s=25)
 def prepare_malformed_row(work: Path) -> Prepared:
     """The quickstart with a training file whose row 3 has no messages."""
     import pandas as pd
@@ -610,7 +457,7 @@ def prepare_malformed_row(work: Path) -> Prepared:
     return quickstart(data, model, f"data.train_files={work / 'bad.parquet'}"), {}
 
 
-@main_run("raising_reward")
+@cli_run("raising_reward", cost_s=30)
 def prepare_raising_reward(work: Path) -> Prepared:
     """The quickstart (GRPO) with a reward function that raises on every sample."""
     data, model = make_gsm8k(work), demo_model(work)
@@ -631,11 +478,11 @@ def prepare_raising_reward(work: Path) -> Prepared:
 
 
 @needs("malformed_row", "raising_reward")
-def test_malformed_row_and_raising_reward_function(main_runs):
-    code, output, _, _ = main_runs["malformed_row"]
+def test_malformed_row_and_raising_reward_function(cli_runs):
+    code, output, _, _ = cli_runs["malformed_row"]
     assert code != 0 and "bad.parquet" in output and "row 3" in output and "prompt" in output
 
-    code, output, records, work = main_runs["raising_reward"]
+    code, output, records, work = cli_runs["raising_reward"]
     reward = work / "reward.py"
     # a reward function that fails on every sample stops the run, naming itself, its file and the exception
     assert code != 0 and not [r for r in records if r["data"]], output[-3000:]
@@ -643,9 +490,9 @@ def test_malformed_row_and_raising_reward_function(main_runs):
 
 
 @pytest.mark.vllm
-def test_vllm_engine_end_to_end(tmp_path):
+def test_vllm_engine_end_to_end(tmp_path, cli):
     pytest.importorskip("vllm", reason="runs in the vllm venv")
-    code, output, records = run_main(
+    code, output, records = cli(
         tmp_path,
         "actor_rollout_ref.rollout.name=vllm",
         "trainer.total_training_steps=2",

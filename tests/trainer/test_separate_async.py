@@ -23,23 +23,42 @@ import re
 
 import pytest
 
+from tests.cli_runs import RunView, needs
 from tests.trainer.async_runs import placed, trained_samples
 from tests.trainer.test_checkpoint_resume import assert_same_steps, steps
-from tests.trainer.test_colocate_async import logged, without_async_only
-from tests.trainer.test_main_ppo import POOL_TIMEOUT_S, run_main
-
-pytestmark = pytest.mark.timeout(POOL_TIMEOUT_S)
+from tests.trainer.test_colocate_async import assert_idle_shares, logged, without_async_only
 
 
+class Succeeded(RunView):
+    """The test's runs, each checked to have succeeded when read (but the killed one, which must fail)."""
+
+    def __init__(self, runs: RunView) -> None:
+        super().__init__(runs._scheduler, runs._names)
+
+    def __getitem__(self, name: str):
+        run = super().__getitem__(name)
+        if name != "separate_killed":
+            assert run.returncode == 0, f"{name}:\n{run.output[-3000:]}"
+        return run
+
+
+@pytest.fixture
+def async_runs(cli_runs) -> Succeeded:
+    return Succeeded(cli_runs)
+
+
+@needs("separate_lag0", "sync")
 def test_lag0_equals_sync(async_runs):
     records = async_runs["separate_lag0"].records
     assert len(logged(records)) == 3
     assert_same_steps(without_async_only(steps(records)), steps(async_runs["sync"].records))
 
 
+@needs("separate_lag1", "separate_lag1_again")
 def test_lag1_keeps_the_bound_and_reproduces_itself(async_runs):
     records = logged(async_runs["separate_lag1"].records)
     assert [d["async/weight_version"] for d in records] == [0, 1, 2]
+    assert records[0]["timing_s/wait_rollout"] > 0  # step 1 waits for the first groups: none was generated ahead
     # groups trained at version T come from version max(0, T - 1): the bound reached, never broken
     assert [d["async/staleness/max"] for d in records] == [0, 1, 1]
     assert [d["async/staleness/mean"] for d in records] == [0, 1, 1]
@@ -47,13 +66,14 @@ def test_lag1_keeps_the_bound_and_reproduces_itself(async_runs):
     for data in records:
         assert data["rollout_corr/rollout_is_mean"] > 0  # the default correction at lag > 0
         assert data["weight_sync/buckets"] >= 1 and data["timing_s/param_sync"] == data["timing_s/update_weights"]
-        assert 0 <= data["trainer/idle_ratio"] <= 1 and 0 <= data["rollouter/idle_ratio"] <= 1
+        assert_idle_shares(data)
         assert data["fully_async/count/queue_groups"] <= 2 * 16  # at most max_lag + 1 batches in the queue
     # the queue's length when the trainer takes depends on timing (fully_async/count/queue_*): compared without
     again, first = (without_async_only(steps(async_runs[f"separate_{run}"].records)) for run in ("lag1_again", "lag1"))
     assert_same_steps(again, first)
 
 
+@needs("sync", "separate_lag1", "separate_resumed")
 def test_every_sample_is_trained_once_in_the_loader_order(async_runs):
     reference = trained_samples(async_runs["sync"])
     assert sorted(reference) == [1, 2, 3] and all(len(rows) == 16 * 4 for rows in reference.values())
@@ -62,12 +82,14 @@ def test_every_sample_is_trained_once_in_the_loader_order(async_runs):
     assert resumed == {step: reference[step] for step in (2, 3)}
 
 
+@needs("separate_resumed", "separate_lag1")
 def test_a_resumed_run_logs_what_the_uninterrupted_one_logs(async_runs):
     resumed = without_async_only(steps(async_runs["separate_resumed"].records))
     assert sorted(resumed) == [2, 3]
     assert_same_steps(resumed, without_async_only(steps(async_runs["separate_lag1"].records)))
 
 
+@needs("separate_partial", "sync")
 def test_partial_rollout_across_two_nodes_keeps_the_bound_and_the_accounting(async_runs):
     run = async_runs["separate_partial"]
     where = placed(run.output)
@@ -93,10 +115,14 @@ def test_partial_rollout_across_two_nodes_keeps_the_bound_and_the_accounting(asy
     assert trained_samples(run) == trained_samples(async_runs["sync"])
 
 
+@needs("separate_killed", "separate_killed_resumed", "sync")
 def test_a_killed_rollout_server_is_named_and_a_resumed_run_trains_every_sample_once(async_runs):
     killed = async_runs["separate_killed"]
     output = killed.output
     assert killed.returncode != 0, output[-3000:]
+    # the kill landed mid-run: after step 1's checkpoint, before the last step was logged
+    assert (killed.work / "killed_at").exists(), output[-3000:]
+    assert len(logged(killed.records)) < 3, logged(killed.records)
     seconds = async_runs.ended["separate_killed"] - float((killed.work / "killed_at").read_text())
     assert seconds < 30, output[-3000:]  # from the kill to the exit: no hang
     assert re.search(r"died: role rollout rank 0 on node \S+ \(id [0-9a-f]{12}\)", output), output[-5000:]
@@ -106,11 +132,11 @@ def test_a_killed_rollout_server_is_named_and_a_resumed_run_trains_every_sample_
     assert trained_samples(killed) == trained_samples(async_runs["sync"])
 
 
+@needs("separate_lora")
 def test_lora_adapters_are_pushed_alone_to_the_rollout_pool(async_runs):
     """The first push (version 0) carries the base; every push of a step carries the 28 adapter tensors alone,
     staged and verified in both servers; the servers generate with the adapters of the version they load."""
-    code, output, records, _ = async_runs["separate_lora"]
-    assert code == 0, output[-3000:]
+    records = async_runs["separate_lora"].records
     data = logged(records)
     assert [d["async/staleness/max"] for d in data] == [0, 1, 1]
     for step in data:
@@ -120,12 +146,12 @@ def test_lora_adapters_are_pushed_alone_to_the_rollout_pool(async_runs):
 
 
 @pytest.mark.vllm
-def test_vllm_servers_on_their_own_pool(tmp_path):
+def test_vllm_servers_on_their_own_pool(tmp_path, cli):
     """vLLM's engine as the rollout server on its own pool (the vllm venv), with partial rollout: every gloo push,
     staged and then loaded (also while the engine generates), verifies bit for bit; step 1's samples (version 0)
     score the same under the trainer and the engine; no token is more than one version behind."""
     pytest.importorskip("vllm", reason="runs in the vllm venv")
-    code, output, records = run_main(
+    code, output, records = cli(
         tmp_path,
         "trainer.mode=separate_async",
         "actor_rollout_ref.hybrid_engine=false",

@@ -33,9 +33,25 @@ def test_a_place_is_granted_only_within_the_bound_and_batches_leave_in_reservati
     assert queue.metrics()["fully_async/count/queue_ready_groups"] == 2
 
 
+class CountingCondition(threading.Condition):
+    """A condition that counts the threads waiting on it (read under its lock)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiting += 1  # the caller holds the lock
+        try:
+            return super().wait(timeout)
+        finally:
+            self.waiting -= 1
+
+
 def test_close_wakes_the_waiting_sides():
     queue = SampleQueue(batch_groups=1, max_lag=0)
     queue.reserve()
+    queue._cv = CountingCondition()
     errors = []
 
     def wait(call):
@@ -50,11 +66,17 @@ def test_close_wakes_the_waiting_sides():
     ]
     for thread in threads:
         thread.start()
-    time.sleep(0.05)
+    deadline = time.monotonic() + 30
+    while True:  # both blocked in the queue (a take with nothing filled, a reserve beyond the bound), not closed yet
+        with queue._cv:
+            if queue._cv.waiting == 2:
+                break
+        assert time.monotonic() < deadline, f"{queue._cv.waiting} of 2 threads waiting on the queue after 30 s"
+        time.sleep(0.005)
     queue.close()
     for thread in threads:
         thread.join(timeout=5)
-    assert errors == ["the sample queue was closed"] * 2
+    assert errors == ["the sample queue was closed"] * 2 and queue._cv.waiting == 0
 
 
 def run(gen_s: float, train_s: float, max_lag: int, steps: int = 12, batch_groups: int = 3, seed: int = 0) -> dict:

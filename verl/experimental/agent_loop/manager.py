@@ -113,16 +113,19 @@ class AgentLoopManager:
             self.agent_loop_workers_class = AgentLoopWorker
         self._init_agent_loop_workers(reward_fn, val_reward_fn)
 
-    def _num_workers(self) -> int:
+    def _num_workers(self, nodes: list[str] | None) -> int:
         configured = self.rollout_config.agent.num_workers
         if configured is not None:
             return int(configured)
         if ray.cluster_resources().get("GPU", 0) > 0:
             return _GPU_DEFAULT_WORKERS
-        return len(set(self._server_nodes()))
+        return len(set(nodes)) if nodes else 1
 
-    def _server_nodes(self) -> list[str]:
-        """The node of each replica's worker."""
+    def _server_nodes(self) -> list[str] | None:
+        """The node of each replica's worker; None on a one-node cluster (asking would wait for every replica's
+        process to start, which the agent-loop workers need not: they start beside them)."""
+        if sum(1 for node in ray.nodes() if node.get("Alive")) <= 1:
+            return None
         return ray.get([h.actor.__ray_call__.remote(_node_id) for h in self.server_handles])
 
     def _init_agent_loop_workers(self, reward_fn: Any, val_reward_fn: Any) -> None:
@@ -131,12 +134,12 @@ class AgentLoopManager:
         if not hasattr(cls, "remote"):
             cls = ray.remote(num_cpus=0)(cls)
         self.agent_loop_workers = []
-        for i in range(self._num_workers()):
-            strategy = NodeAffinitySchedulingStrategy(node_id=nodes[i % len(nodes)], soft=True)
+        for i in range(self._num_workers(nodes)):
+            options: dict[str, Any] = {"num_cpus": 0}
+            if nodes:  # each worker on the node of the replicas it mostly serves
+                options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=nodes[i % len(nodes)], soft=True)
             self.agent_loop_workers.append(
-                cls.options(num_cpus=0, scheduling_strategy=strategy).remote(
-                    self.config, self.server_handles, reward_fn, val_reward_fn
-                )
+                cls.options(**options).remote(self.config, self.server_handles, reward_fn, val_reward_fn)
             )
 
     # ------------------------------------------------------------------ generation

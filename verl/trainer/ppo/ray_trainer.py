@@ -238,23 +238,22 @@ class RayPPOTrainer(TrainerGeneration, TrainerCheckpointing, TrainerProfiling, G
         self.rm_wg = groups.get("rm")
         self.actor_rollout_wg = groups["actor_rollout"]
         self.ref_policy_wg = self.actor_rollout_wg if self.use_reference_policy else None
+        self.rollout_wg = self.actor_rollout_wg
+        # our manager only starts its agent-loop workers (they import while the models are built); a recipe's own
+        # manager class may call the engines at once, so it comes after them
+        early = not resident and not self.config.actor_rollout_ref.rollout.agent.get("agent_loop_manager_class")
+        if early:
+            self._create_rollout_manager()
         for wg in (self.critic_wg, self.rm_wg):  # the rollout last: it sizes its memory after the others
             if wg is not None:
                 wg.init_model()
         self.actor_rollout_wg.init_model()
-        self.rollout_wg = self.actor_rollout_wg
         if resident:  # beside the training workers, or on the rollout pool
             server_pool = self.resource_pool_manager.get_resource_pool(Role.Rollout) if separate else pool
             worker_cls, actor_wg = self.role_worker_mapping[arr_role], self.actor_rollout_wg
             self.rollout_wg = start_rollout_servers(server_pool, worker_cls, self.config, actor_wg, separate)
-        self.async_rollout_manager = create_rollout_manager(
-            self.config,
-            self.rollout_wg,
-            tokenizer=self.tokenizer,
-            reward_fn=None if self.use_rm else self.reward_fn,  # a reward model scores after generation
-            val_reward_fn=None if self.use_rm else self.val_reward_fn,
-            step=lambda: self.global_steps,
-        )
+        if not early:
+            self._create_rollout_manager()
         free_cache = self.config.actor_rollout_ref.rollout.free_cache_engine and not resident
         receivers = self.rollout_wg if separate else None  # a push staged in the servers of their own pool
         self.checkpoint_manager = CheckpointManager(self.actor_rollout_wg, self.state, free_cache, receivers)
@@ -264,6 +263,18 @@ class RayPPOTrainer(TrainerGeneration, TrainerCheckpointing, TrainerProfiling, G
         if self.config.actor_rollout_ref.rollout.get("skip_rollout", False):
             RolloutSkip(self.config, self.async_rollout_manager).wrap_generate_sequences()
         logger.info("placement: %s", "; ".join(placement(self._groups_by_role())))
+
+    def _create_rollout_manager(self) -> None:
+        """``self.async_rollout_manager`` over ``self.rollout_wg`` (it only starts its agent-loop workers; nothing
+        is asked of the rollout engines until the first generation)."""
+        self.async_rollout_manager = create_rollout_manager(
+            self.config,
+            self.rollout_wg,
+            tokenizer=self.tokenizer,
+            reward_fn=None if self.use_rm else self.reward_fn,  # a reward model scores after generation
+            val_reward_fn=None if self.use_rm else self.val_reward_fn,
+            step=lambda: self.global_steps,
+        )
 
     def _groups_by_role(self) -> dict[str, Any]:
         """The run's worker groups by role (the rollout servers' when they are workers of their own)."""
