@@ -27,7 +27,7 @@ run_pytest() {  # run_pytest VENV MARKER [ARGS...]; pytest's exit 5 (no tests co
   local venv="$1" marker="$2"
   shift 2
   set +e
-  "$venv/bin/python" -m pytest -m "$marker" "$@"
+  "$venv/bin/python" -m pytest -m "$marker" --durations=30 "$@"
   local status=$?
   set -e
   if [ "$status" -eq 5 ]; then
@@ -53,5 +53,6 @@ if [ "${VERL_SKIP_VLLM:-0}" != "1" ]; then
   # their CUDA builds break imports next to the CPU torch
   "$VLLM_VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
   echo "== pytest (vllm venv: the vllm-marked tests)"
-  run_pytest "$VLLM_VENV" "vllm" -p no:cacheprovider "$@"
+  # a vllm that does not import here is an error (tests/conftest.py), never a page of skips
+  VERL_REQUIRE_VLLM=1 run_pytest "$VLLM_VENV" "vllm" -p no:cacheprovider "$@"
 fi

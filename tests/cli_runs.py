@@ -57,12 +57,13 @@ ROOT = Path(__file__).resolve().parents[1]
 class Prepared(NamedTuple):
     """What a run's preparation returns: its command-line overrides, extra environment variables (None: unset
     one), the module it runs (``python -m <module>``), and what to call once it ended (e.g. stop the Ray nodes
-    it was given)."""
+    it was given). With ``argv``, the run is that command line instead (overrides and module unused)."""
 
     overrides: list[str]
     env: dict[str, str | None]
     module: str = "verl.trainer.main_ppo"
     cleanup: Callable[[], None] | None = None
+    argv: list[str] | None = None  # another command line (a script): run as given, with the runs' environment
 
 
 class MainRun(NamedTuple):
@@ -179,6 +180,28 @@ def run_main(tmp_path: Path, *overrides: str, name: str = "run", env: dict | Non
     finally:
         entry[1] = time.monotonic() - start
     return proc.returncode, proc.stdout + proc.stderr, read_records(log)
+
+
+def run_command(argv: list[str], cwd: Path, env: dict | None = None, timeout: float = TIMEOUT_S):
+    """Run another command line now (a script, another entry point), counted in the budget like `run_main`;
+    returns the finished ``subprocess.CompletedProcess`` (text output captured)."""
+    environ = {**os.environ, "RAY_AUTH_MODE": "disabled", "VERL_CACHE_DIR": str(cwd.parent / "verl_cache")}
+    environ.update(env or {})
+    environ = {key: value for key, value in environ.items() if value is not None}
+    cwd.mkdir(parents=True, exist_ok=True)
+    entry, start = _count(f"{cwd.name}/{Path(argv[1] if len(argv) > 1 else argv[0]).name}", "own"), time.monotonic()
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=environ, cwd=cwd)
+    finally:
+        entry[1] = time.monotonic() - start
+
+
+class Cli:
+    """What the ``cli`` fixture gives a test that runs a command line itself: ``cli(tmp_path, *overrides)`` is
+    `run_main`, ``cli.command(argv, cwd)`` is `run_command`."""
+
+    __call__ = staticmethod(run_main)
+    command = staticmethod(run_command)
 
 
 # ------------------------------------------------------------------------------------------------ the cluster
@@ -346,6 +369,8 @@ class Scheduler:
         elif spec.own_cluster:
             env.setdefault("RAY_ADDRESS", None)
         args, environ, log = main_command(work, *prepared.overrides, env=env, module=prepared.module)
+        if prepared.argv is not None:
+            args = list(prepared.argv)
         out = open(work / "output.log", "w+")  # noqa: SIM115 - closed when the run is collected
         proc = subprocess.Popen(
             args, stdout=out, stderr=subprocess.STDOUT, env=environ, cwd=work, start_new_session=True

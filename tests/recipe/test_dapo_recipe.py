@@ -24,7 +24,8 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from tests.trainer.test_main_ppo import TIMEOUT_S, demo_model
+from tests.cli_runs import Prepared, cli_run, needs
+from tests.trainer.test_main_ppo import demo_model
 from verl.utils.reward_score.math_dapo import ANSWER_FORMAT
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,14 +89,9 @@ def test_the_composed_config_is_dapo_and_valid(tmp_path):
     assert config.data.max_prompt_length == compose(BASE_CONFIG, "ppo_trainer").data.max_prompt_length
 
 
-def test_the_cfg_job_command_prints_the_composed_config():
-    proc = subprocess.run(
-        [sys.executable, "-m", "recipe.dapo.main_dapo", "--cfg", "job", "data.train_batch_size=4"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
+def test_the_cfg_job_command_prints_the_composed_config(cli, tmp_path):
+    argv = [sys.executable, "-m", "recipe.dapo.main_dapo", "--cfg", "job", "data.train_batch_size=4"]
+    proc = cli.command(argv, tmp_path, {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
     assert proc.returncode == 0, proc.stderr[-3000:]
     printed = yaml.safe_load(proc.stdout)
     assert printed["reward_model"]["reward_manager"] == "dapo"
@@ -182,13 +178,12 @@ def write_dapo_parquet(path: Path, count: int, split: str) -> None:
     pd.DataFrame(rows).to_parquet(path)
 
 
-@pytest.fixture(scope="module")
-def dapo_run(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("dapo")
+@cli_run("dapo_recipe", cost_s=60)
+def _dapo_recipe(tmp: Path) -> Prepared:
+    """``python -m recipe.dapo.main_dapo`` on tiny DAPO-style data, 2 steps."""
     model = demo_model(tmp)
     write_dapo_parquet(tmp / "train.parquet", 320, "train")  # more prompts than a step's 20 batches can take
     write_dapo_parquet(tmp / "test.parquet", 4, "test")
-    log = tmp / "run.jsonl"
     overrides = [
         f"data.train_files={tmp / 'train.parquet'}",
         f"data.val_files={tmp / 'test.parquet'}",
@@ -218,31 +213,19 @@ def dapo_run(tmp_path_factory):
         "trainer.val_before_train=false",
         "trainer.test_freq=-1",
         "trainer.save_freq=-1",
-        "trainer.logger=[console,file]",
         f"trainer.rollout_data_dir={tmp / 'rollouts'}",
-        f"trainer.default_local_dir={tmp / 'ckpt'}",
-        f"hydra.run.dir={tmp / 'hydra'}",
     ]
-    env = dict(os.environ)
-    env.update(
-        VERL_FILE_LOGGER_PATH=str(log),
-        VERL_CACHE_DIR=str(tmp.parent / "verl_cache"),
-        PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]),
-        RAY_AUTH_MODE="disabled",
-        HYDRA_FULL_ERROR="1",
-    )
-    proc = subprocess.run(
-        [sys.executable, "-m", "recipe.dapo.main_dapo", *overrides],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        env=env,
-        cwd=tmp,
-    )
-    records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-    return tmp, proc.returncode, proc.stdout + proc.stderr, [r for r in records if r["data"]]
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return Prepared(overrides, env, module="recipe.dapo.main_dapo")
 
 
+@pytest.fixture
+def dapo_run(cli_runs):
+    run = cli_runs["dapo_recipe"]
+    return run.work, run.returncode, run.output, [r for r in run.records if r["data"]]
+
+
+@needs("dapo_recipe")
 def test_the_recipe_trains_two_steps_with_dynamic_sampling(dapo_run):
     tmp, code, output, records = dapo_run
     assert code == 0, output[-4000:]
@@ -255,6 +238,7 @@ def test_the_recipe_trains_two_steps_with_dynamic_sampling(dapo_run):
         assert "actor/pg_loss" in data
 
 
+@needs("dapo_recipe")
 def test_the_dapo_scorer_and_the_overlong_buffer_scored_every_sample(dapo_run):
     tmp, code, output, records = dapo_run
     assert code == 0, output[-4000:]

@@ -6,8 +6,6 @@ in-process."""
 from __future__ import annotations
 
 import ast
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
+from tests.cli_runs import Prepared, cli_run, needs
 from verl.trainer import main_generation
 from verl.trainer.config.compose import compose_config
 from verl.trainer.config.validate import ConfigError
@@ -25,7 +24,6 @@ from verl.utils.demo import DEMO_DATA_SOURCE, ensure_demo_assets
 from verl.utils.reward_score.arithmetic import compute_score as arithmetic_score
 from verl.workers.reward_manager.abstract import RewardFunctionError
 
-TIMEOUT_S = 300
 N_PROMPTS = 6
 RESPONSE_LENGTH = 6
 
@@ -36,18 +34,21 @@ def work(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def assets(work):
-    return ensure_demo_assets(work / "verl_cache")
+def assets(tmp_path_factory):
+    return ensure_demo_assets(tmp_path_factory.getbasetemp() / "verl_cache")  # the cache the CLI runs share
 
 
 @pytest.fixture(scope="module")
 def prompts_file(assets, work) -> Path:
-    path = work / "prompts.parquet"
+    return write_prompts(work / "prompts.parquet", assets)
+
+
+def write_prompts(path: Path, assets) -> Path:
     pd.read_parquet(assets.val_files).head(N_PROMPTS).to_parquet(path)
     return path
 
 
-# Two generation runs, started together: most of a run is Ray and the workers starting up, which overlap well.
+# Two generation runs (CLI runs, started by the session's scheduler)
 GENERATION_RUNS = {
     # 2 greedy samples per prompt on 1 worker, batches of 4 (the last one has 2 prompts)
     "greedy": (1, "data.n_samples=2", "data.batch_size=4", "rollout.do_sample=false"),
@@ -56,46 +57,22 @@ GENERATION_RUNS = {
 }
 
 
-def start_cli(module: str, cwd: Path, *overrides: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """``python -m <module> <overrides>`` in ``cwd``, with ``env`` added to the environment."""
-    env = dict(
-        os.environ,
-        RAY_AUTH_MODE="disabled",
-        HF_HUB_OFFLINE="1",
-        TOKENIZERS_PARALLELISM="false",
-        HYDRA_FULL_ERROR="1",
-        **(env or {}),
-    )
-    cwd.mkdir(parents=True, exist_ok=True)
-    args = [sys.executable, "-m", module, f"hydra.run.dir={cwd / 'hydra'}", *overrides]
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
+def cli_args(module: str, cwd: Path, *overrides: str) -> list[str]:
+    """``python -m <module> <overrides>`` writing Hydra's folder into ``cwd``."""
+    return [sys.executable, "-m", module, f"hydra.run.dir={cwd / 'hydra'}", *overrides]
 
 
-def finish(proc: subprocess.Popen) -> str:
-    """The process's stdout, once it exited 0."""
-    try:
-        stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        stdout, stderr = proc.communicate()
-    assert proc.returncode == 0, stdout[-4000:] + stderr[-8000:]
-    return stdout
-
-
-@pytest.fixture(scope="module")
-def generated(assets, prompts_file, work) -> dict[str, Path]:
-    """The output file of each of `GENERATION_RUNS`, run as ``python -m verl.trainer.main_generation``."""
-    outputs, procs = {}, {}
-    for name, (workers, *overrides) in GENERATION_RUNS.items():
-        outputs[name] = work / name / "out.parquet"
-        procs[name] = start_cli(
+def _declare_generation(name: str, workers: int, *overrides: str) -> None:
+    def prepare(work: Path) -> Prepared:
+        assets = ensure_demo_assets(work.parent / "verl_cache")
+        argv = cli_args(
             "verl.trainer.main_generation",
-            outputs[name].parent,
+            work,
             "trainer.nnodes=1",
             f"trainer.n_gpus_per_node={workers}",
             "trainer.device=cpu",
-            f"data.path={prompts_file}",
-            f"data.output_path={outputs[name]}",
+            f"data.path={write_prompts(work / 'prompts.parquet', assets)}",
+            f"data.output_path={work / 'out.parquet'}",
             f"model.path={assets.model_path}",
             "rollout.name=hf",
             "rollout.dtype=float32",
@@ -103,19 +80,30 @@ def generated(assets, prompts_file, work) -> dict[str, Path]:
             f"rollout.response_length={RESPONSE_LENGTH}",
             *overrides,
         )
-    for proc in procs.values():
-        finish(proc)
-    return outputs
+        return Prepared([], {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}, argv=argv)
+
+    cli_run(f"generation_{name}", cost_s=30)(prepare)
 
 
-@pytest.fixture(scope="module")
-def greedy(generated) -> pd.DataFrame:
-    return pd.read_parquet(generated["greedy"])
+for _name, (_workers, *_overrides) in GENERATION_RUNS.items():
+    _declare_generation(_name, _workers, *_overrides)
 
 
-@pytest.fixture(scope="module")
-def sampled(generated) -> tuple[Path, pd.DataFrame]:
-    return generated["sampled"], pd.read_parquet(generated["sampled"])
+def generated_file(cli_runs, name: str) -> Path:
+    run = cli_runs[f"generation_{name}"]
+    assert run.returncode == 0, run.output[-6000:]
+    return run.work / "out.parquet"
+
+
+@pytest.fixture
+def greedy(cli_runs) -> pd.DataFrame:
+    return pd.read_parquet(generated_file(cli_runs, "greedy"))
+
+
+@pytest.fixture
+def sampled(cli_runs) -> tuple[Path, pd.DataFrame]:
+    path = generated_file(cli_runs, "sampled")
+    return path, pd.read_parquet(path)
 
 
 def eval_config(path: Path, *dotlist: str):
@@ -133,6 +121,7 @@ def demo_scores(frame: pd.DataFrame) -> list[list[float]]:
 
 
 # ------------------------------------------------------------------------------------------------------ generation
+@needs("generation_greedy")
 def test_generation_keeps_every_input_column_and_adds_n_responses(greedy, prompts_file):
     prompts = pd.read_parquet(prompts_file)
     assert list(greedy.columns) == [*prompts.columns, "responses"] and len(greedy) == N_PROMPTS
@@ -143,6 +132,7 @@ def test_generation_keeps_every_input_column_and_adds_n_responses(greedy, prompt
     assert any(r for responses in greedy["responses"] for r in responses)  # the model said something
 
 
+@needs("generation_sampled")
 def test_sampled_responses_mostly_differ(sampled):
     _, frame = sampled
     assert len(frame) == N_PROMPTS and all(len(r) == 3 for r in frame["responses"])
@@ -175,9 +165,12 @@ def test_generation_config_problems_are_named_before_anything_starts(assets, pro
 
 
 # ------------------------------------------------------------------------------------------------------ evaluation
-def test_eval_cli_prints_the_demo_scorers_test_score(sampled):
+@needs("generation_sampled")
+def test_eval_cli_prints_the_demo_scorers_test_score(sampled, cli, tmp_path):
     path, frame = sampled
-    stdout = finish(start_cli("verl.trainer.main_eval", path.parent / "eval", f"data.path={path}"))
+    proc = cli.command(cli_args("verl.trainer.main_eval", tmp_path, f"data.path={path}"), tmp_path)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
+    stdout = proc.stdout
     printed = [line for line in stdout.splitlines() if line.startswith("{")]
     assert len(printed) == 1, stdout
     metrics = ast.literal_eval(printed[0])
@@ -189,6 +182,7 @@ def test_eval_cli_prints_the_demo_scorers_test_score(sampled):
     assert set(metrics) == {f"{m}/{DEMO_DATA_SOURCE}" for m in ("test_score", "pass@1", "mean@3")}
 
 
+@needs("generation_sampled")
 def test_eval_uses_a_custom_reward_function_with_verls_signature(sampled, tmp_path):
     path, frame = sampled
     reward_file = tmp_path / "my_reward.py"
@@ -210,6 +204,7 @@ def test_eval_uses_a_custom_reward_function_with_verls_signature(sampled, tmp_pa
     assert metrics[f"pass@1/{DEMO_DATA_SOURCE}"] == pytest.approx(sum(row[0] for row in lengths) / len(lengths))
 
 
+@needs("generation_sampled")
 def test_eval_names_a_bad_key_a_missing_column_and_a_reward_function_that_always_fails(sampled, tmp_path):
     path, _ = sampled
     with pytest.raises(ConfigError, match=r"unknown key 'data\.respones_key'; the keys at data are: .*response_key"):

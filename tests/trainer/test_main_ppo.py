@@ -12,6 +12,7 @@ import math
 import os
 import subprocess
 import sys
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -329,41 +330,43 @@ def test_bad_config_fails_before_ray_naming_every_problem(tmp_path, cli):
     assert "Started a local Ray instance" not in output
 
 
+_gsm8k_lock = threading.Lock()
+
+
 def make_gsm8k(tmp_path: Path) -> Path:
-    """A tiny local GSM8K copy (public jsonl layout) converted by the example script, as a user would."""
-    raw = tmp_path / "gsm8k_raw"
-    raw.mkdir()
-    for split, count in (("train", 16), ("test", 8)):
-        rows = [
-            {"question": f"Tom has {i} apples and buys {i + 2}. How many?", "answer": f"{i}+{i + 2}\n#### {2 * i + 2}"}
-            for i in range(count)
-        ]
-        (raw / f"{split}.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    out = tmp_path / "gsm8k"
-    root = Path(__file__).resolve().parents[2]
-    subprocess.run(
-        [
-            sys.executable,
-            str(root / "examples/data_preprocess/gsm8k.py"),
-            "--local_dataset_path",
-            str(raw),
-            "--local_save_dir",
-            str(out),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
+    """A tiny local GSM8K copy (public jsonl layout) converted by the example script, as a user would; converted
+    once per session (beside the runs' folders) and reused."""
+    out = tmp_path.parent / "gsm8k"
+    with _gsm8k_lock:
+        if (out / "train.parquet").exists():
+            return out
+        raw = tmp_path.parent / "gsm8k_raw"
+        raw.mkdir(exist_ok=True)
+        for split, count in (("train", 16), ("test", 8)):
+            rows = [
+                {
+                    "question": f"Tom has {i} apples and buys {i + 2}. How many?",
+                    "answer": f"{i}+{i + 2}\n#### {2 * i + 2}",
+                }
+                for i in range(count)
+            ]
+            (raw / f"{split}.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+        root = Path(__file__).resolve().parents[2]
+        script = [sys.executable, str(root / "examples/data_preprocess/gsm8k.py")]
+        subprocess.run(
+            [*script, "--local_dataset_path", str(raw), "--local_save_dir", str(out)],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
     return out
 
 
 def demo_model(tmp_path: Path) -> str:
-    env = {"VERL_CACHE_DIR": str(tmp_path.parent / "verl_cache")}
-    code = "from verl.utils.demo import ensure_demo_assets; print(ensure_demo_assets().model_path)"
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={**os.environ, **env}, timeout=300
-    )
-    return proc.stdout.strip().splitlines()[-1]
+    """The demo model's folder in the cache the runs share (built there once per session)."""
+    from verl.utils.demo import ensure_demo_assets
+
+    return str(ensure_demo_assets(tmp_path.parent / "verl_cache").model_path)
 
 
 def quickstart(data: Path, model: str, *extra: str) -> list[str]:

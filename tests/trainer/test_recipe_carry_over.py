@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.trainer.test_main_ppo import TIMEOUT_S, demo_model, make_gsm8k, quickstart
+from tests.cli_runs import Prepared, cli_run, needs
+from tests.trainer.test_main_ppo import demo_model, make_gsm8k, quickstart
 
 MY_LIB = '''
 """External lib (actor_rollout_ref.model.external_lib): registrations, each leaving a marker with its process."""
@@ -53,6 +52,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     return len(solution_str) / 100
 """
 
+ROOT = Path(__file__).resolve().parents[2]
 RECIPE_MAIN = '''
 """python -m my_recipe.main_my: a recipe in veRL's style (own TaskRunner, own trainer fit)."""
 import uuid
@@ -216,10 +216,9 @@ if __name__ == "__main__":
 '''
 
 
-@pytest.fixture(scope="module")
-def recipe_run(tmp_path_factory):
+@cli_run("recipe_carry_over", cost_s=70)
+def _recipe_carry_over(tmp: Path) -> Prepared:
     """Write the recipe, the lib and the reward file into a user folder and run ``python -m my_recipe.main_my``."""
-    tmp = tmp_path_factory.mktemp("recipe")
     data, model = make_gsm8k(tmp), demo_model(tmp)
     (tmp / "my_recipe").mkdir()
     (tmp / "my_recipe" / "__init__.py").write_text("")
@@ -228,7 +227,6 @@ def recipe_run(tmp_path_factory):
     (tmp / "my_reward.py").write_text(REWARD)
     markers = tmp / "markers"
     markers.mkdir()
-    log = tmp / "run.jsonl"
     overrides = quickstart(
         data,
         model,
@@ -247,30 +245,23 @@ def recipe_run(tmp_path_factory):
         "trainer.save_freq=2",
         "trainer.test_freq=2",
         "trainer.logger=[console,file]",
-        f"trainer.default_local_dir={tmp / 'ckpt'}",
-        f"hydra.run.dir={tmp / 'hydra'}",
     )
-    env = dict(os.environ)
-    env.update(
-        VERL_FILE_LOGGER_PATH=str(log),
-        VERL_CACHE_DIR=str(tmp.parent / "verl_cache"),
-        CARRY_OVER_MARKERS=str(markers),
-        PYTHONPATH=os.pathsep.join([str(tmp), str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")]),
-        RAY_AUTH_MODE="disabled",
-        HYDRA_FULL_ERROR="1",
-    )
-    proc = subprocess.run(
-        [sys.executable, "-m", "my_recipe.main_my", *overrides],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        env=env,
-        cwd=tmp,
-    )
-    records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-    return tmp, proc.returncode, proc.stdout + proc.stderr, [r["data"] for r in records if r["data"]]
+    env = {
+        "CARRY_OVER_MARKERS": str(markers),
+        "PYTHONPATH": os.pathsep.join(
+            [str(tmp), str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
+    return Prepared(overrides, env, module="my_recipe.main_my")
 
 
+@pytest.fixture
+def recipe_run(cli_runs):
+    run = cli_runs["recipe_carry_over"]
+    return run.work, run.returncode, run.output, [r["data"] for r in run.records if r["data"]]
+
+
+@needs("recipe_carry_over")
 def test_the_recipe_trains_with_its_own_fit(recipe_run):
     tmp, code, output, steps = recipe_run
     assert code == 0, output[-4000:]
@@ -282,6 +273,7 @@ def test_the_recipe_trains_with_its_own_fit(recipe_run):
     assert "timing_s/generate_sequences" in steps[0] and "global_seqlen/mean" in steps[0]
 
 
+@needs("recipe_carry_over")
 def test_external_lib_registrations_run_in_the_driver_and_the_workers(recipe_run):
     tmp, code, output, _ = recipe_run
     assert code == 0, output[-4000:]
@@ -290,6 +282,7 @@ def test_external_lib_registrations_run_in_the_driver_and_the_workers(recipe_run
     assert not pids["estimator"] & pids["loss"]  # the estimator in the driver, the loss in a Ray worker
 
 
+@needs("recipe_carry_over")
 def test_checkpoint_profile_and_rollout_dumps(recipe_run):
     tmp, code, output, _ = recipe_run
     assert code == 0, output[-4000:]

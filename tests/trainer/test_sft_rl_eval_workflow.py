@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import ast
 import json
-import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from tests.trainer.test_generation_eval import finish, start_cli
+from tests.cli_runs import Prepared, cli_run, needs
 
 VAL_PROMPTS = 32
 RESPONSE_LENGTH = 8
@@ -26,21 +26,31 @@ SFT_STEPS = 20
 RL_STEPS = 2
 
 
-def start(module: str, cwd: Path, *overrides: str, log: Path | None = None) -> subprocess.Popen:
-    """``python -m <module> <overrides>`` in ``cwd`` (the file logger into ``log``)."""
-    return start_cli(module, cwd, *overrides, env={"VERL_FILE_LOGGER_PATH": str(log)} if log else None)
+def cli_args(module: str, cwd: Path, *overrides: str) -> list[str]:
+    """``python -m <module> <overrides>`` writing Hydra's folder into ``cwd``."""
+    return [sys.executable, "-m", module, f"hydra.run.dir={cwd / 'hydra'}", *overrides]
 
 
-def generate(work: Path, name: str, model: str, prompts: Path) -> tuple[subprocess.Popen, Path]:
-    """Greedy, one response per prompt, as the RL run validates."""
-    out = work / name / "generated.parquet"
-    proc = start(
+def assets_and_prompts(work: Path):
+    """The demo's assets (in the cache the runs share) and the RL run's validation prompts: its val_max_samples
+    keep the first ones."""
+    from verl.utils.demo import ensure_demo_assets
+
+    assets = ensure_demo_assets(work.parent / "verl_cache")
+    prompts = work / "val.parquet"
+    pd.read_parquet(assets.val_files).head(VAL_PROMPTS).to_parquet(prompts)
+    return assets, prompts
+
+
+def generate(work: Path, model: str, prompts: Path) -> Prepared:
+    """Greedy, one response per prompt, as the RL run validates, into ``work / "generated.parquet"``."""
+    argv = cli_args(
         "verl.trainer.main_generation",
-        work / name,
+        work,
         "trainer.n_gpus_per_node=1",
         "trainer.device=cpu",
         f"data.path={prompts}",
-        f"data.output_path={out}",
+        f"data.output_path={work / 'generated.parquet'}",
         "data.n_samples=1",
         "data.batch_size=32",
         f"model.path={model}",
@@ -50,31 +60,16 @@ def generate(work: Path, name: str, model: str, prompts: Path) -> tuple[subproce
         "rollout.prompt_length=32",
         f"rollout.response_length={RESPONSE_LENGTH}",
     )
-    return proc, out
+    return Prepared([], {}, argv=argv)
 
 
-def evaluate(work: Path, name: str, generated: Path) -> dict[str, float]:
-    """``main_eval``'s printed result dict."""
-    output = finish(start("verl.trainer.main_eval", work / name, f"data.path={generated}"))
-    line = next(line for line in reversed(output.splitlines()) if line.startswith("{") and "test_score/" in line)
-    return ast.literal_eval(line)
-
-
-@pytest.fixture(scope="module")
-def workflow(tmp_path_factory) -> dict:
-    from verl.utils.demo import ensure_demo_assets
-
-    work = tmp_path_factory.mktemp("workflow")
-    assets = ensure_demo_assets(work / "verl_cache")
-    prompts = work / "val.parquet"  # the RL run's validation prompts: its val_max_samples keep the first ones
-    pd.read_parquet(assets.val_files).head(VAL_PROMPTS).to_parquet(prompts)
-
-    # 1. SFT on the RL task's own parquet file (the ground truth is the response), beside the untrained model's
-    #    generation
-    sft_dir = work / "sft"
-    sft = start(
+@cli_run("workflow_sft", cost_s=60)
+def _sft(work: Path) -> Prepared:
+    """1. SFT on the RL task's own parquet file (the ground truth is the response)."""
+    assets, _ = assets_and_prompts(work)
+    argv = cli_args(
         "verl.trainer.fsdp_sft_trainer",
-        sft_dir,
+        work,
         f"data.train_files={assets.train_files}",
         f"data.val_files={assets.val_files}",
         "data.prompt_key=prompt",
@@ -89,20 +84,25 @@ def workflow(tmp_path_factory) -> dict:
         f"trainer.total_training_steps={SFT_STEPS}",
         f"trainer.test_freq={SFT_STEPS}",
         f"trainer.save_freq={SFT_STEPS}",
-        f"trainer.default_local_dir={sft_dir / 'ckpt'}",
+        f"trainer.default_local_dir={work / 'ckpt'}",
         "trainer.logger=[console,file]",
-        log=sft_dir / "metrics.jsonl",
     )
-    base_gen, base_out = generate(work, "base_gen", assets.model_path, prompts)
-    finish(sft)
-    finish(base_gen)
-    sft_model = sft_dir / "ckpt" / f"global_step_{SFT_STEPS}" / "huggingface"
+    return Prepared([], {"VERL_FILE_LOGGER_PATH": str(work / "metrics.jsonl")}, argv=argv)
 
-    # 2. RL (GRPO) from the SFT checkpoint, validating before training and at the last step, saving HF weights
-    rl_dir = work / "rl"
-    rl = start(
-        "verl.trainer.main_ppo",
-        rl_dir,
+
+@cli_run("workflow_base_gen", cost_s=30)
+def _base_gen(work: Path) -> Prepared:
+    """The untrained model's generation, beside the SFT run."""
+    assets, prompts = assets_and_prompts(work)
+    return generate(work, assets.model_path, prompts)
+
+
+@cli_run("workflow_rl", cost_s=50, after=("workflow_sft",))
+def _rl(work: Path, deps: dict) -> Prepared:
+    """2. RL (GRPO) from the SFT checkpoint, validating before training and at the last step, saving HF weights."""
+    assets, _ = assets_and_prompts(work)
+    sft_model = deps["workflow_sft"].work / "ckpt" / f"global_step_{SFT_STEPS}" / "huggingface"
+    overrides = [
         f"actor_rollout_ref.model.path={sft_model}",
         f"data.train_files={assets.train_files}",
         f"data.val_files={assets.val_files}",
@@ -129,21 +129,37 @@ def workflow(tmp_path_factory) -> dict:
         "trainer.val_before_train=true",
         f"trainer.test_freq={RL_STEPS}",
         f"trainer.save_freq={RL_STEPS}",
-        f"trainer.default_local_dir={rl_dir / 'ckpt'}",
-        "trainer.logger=[console,file]",
-        log=rl_dir / "metrics.jsonl",
-    )
-    finish(rl)
-    rl_model = rl_dir / "ckpt" / f"global_step_{RL_STEPS}" / "actor" / "huggingface"
+    ]
+    return Prepared(overrides, {})
 
-    # 3. generate with the RL model, and evaluate both generations
-    rl_gen, rl_out = generate(work, "rl_gen", str(rl_model), prompts)
-    finish(rl_gen)
+
+@cli_run("workflow_rl_gen", cost_s=30, after=("workflow_rl",))
+def _rl_gen(work: Path, deps: dict) -> Prepared:
+    """3. Generate with the RL model."""
+    _, prompts = assets_and_prompts(work)
+    rl_model = deps["workflow_rl"].work / "ckpt" / f"global_step_{RL_STEPS}" / "actor" / "huggingface"
+    return generate(work, str(rl_model), prompts)
+
+
+def evaluate(cli, generated: Path, work: Path) -> dict[str, float]:
+    """``main_eval``'s printed result dict."""
+    proc = cli.command(cli_args("verl.trainer.main_eval", work, f"data.path={generated}"), work)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
+    line = next(line for line in reversed(proc.stdout.splitlines()) if line.startswith("{") and "test_score/" in line)
+    return ast.literal_eval(line)
+
+
+@pytest.fixture
+def workflow(cli_runs, cli, tmp_path) -> dict:
+    runs = {name: cli_runs[f"workflow_{name}"] for name in ("sft", "base_gen", "rl", "rl_gen")}
+    for name, run in runs.items():
+        assert run.returncode == 0, f"{name}:\n{run.output[-4000:]}"
+    base_out, rl_out = runs["base_gen"].work / "generated.parquet", runs["rl_gen"].work / "generated.parquet"
     return {
-        "sft": [json.loads(line) for line in (sft_dir / "metrics.jsonl").read_text().splitlines()],
-        "rl": [json.loads(line) for line in (rl_dir / "metrics.jsonl").read_text().splitlines()],
-        "base_eval": evaluate(work, "base_eval", base_out),
-        "rl_eval": evaluate(work, "rl_eval", rl_out),
+        "sft": [json.loads(line) for line in (runs["sft"].work / "metrics.jsonl").read_text().splitlines()],
+        "rl": runs["rl"].records,
+        "base_eval": evaluate(cli, base_out, tmp_path / "base_eval"),
+        "rl_eval": evaluate(cli, rl_out, tmp_path / "rl_eval"),
         "rl_generated": pd.read_parquet(rl_out),
     }
 
@@ -152,6 +168,7 @@ SOURCE = "verl/arithmetic"
 VAL_KEY = f"val-aux/{SOURCE}/reward/mean@1"  # the mean score (val-core holds acc)
 
 
+@needs("workflow_sft", "workflow_base_gen", "workflow_rl", "workflow_rl_gen")
 def test_sft_then_rl_then_generation_and_evaluation(workflow):
     sft_losses = [r["data"]["train/loss"] for r in workflow["sft"] if "train/loss" in r["data"]]
     assert len(sft_losses) == SFT_STEPS and sft_losses[-1] < sft_losses[0] / 2, sft_losses

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -119,11 +118,12 @@ def read_log(path: Path) -> dict[int, dict]:
     return steps
 
 
-def cli(files: dict[str, str], name: str, *overrides: str, launcher: tuple[str, ...] = ("-m",)) -> dict:
-    """Run the trainer in a subprocess; returns its metrics by step and where it wrote."""
+def sft_cli(cli, files: dict[str, str], name: str, *overrides: str, launcher: tuple[str, ...] = ("-m",)) -> dict:
+    """Run the trainer in a subprocess (``cli.command``: counted in the suite's CLI runs); returns its metrics by
+    step and where it wrote."""
     work = Path(files["root"]) / name
     work.mkdir()
-    env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(work / "log.jsonl"), "OMP_NUM_THREADS": "1"}
+    env = {"VERL_FILE_LOGGER_PATH": str(work / "log.jsonl"), "OMP_NUM_THREADS": "1"}
     args = [
         sys.executable,
         *launcher,
@@ -132,7 +132,7 @@ def cli(files: dict[str, str], name: str, *overrides: str, launcher: tuple[str, 
         f"hydra.run.dir={work / 'hydra'}",
         *overrides,
     ]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT_S, env=env, cwd=work)
+    proc = cli.command(args, work, env, timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return {"steps": read_log(work / "log.jsonl"), "ckpt": work / "ckpt", "output": proc.stdout + proc.stderr}
 
@@ -166,9 +166,9 @@ def in_process(files: dict[str, str], name: str, *overrides: str, values: dict |
 
 
 @pytest.fixture(scope="module")
-def straight(files) -> dict:
+def straight(files, cli) -> dict:
     """``python -m`` for all 4 steps, validating and saving every 2 (gradient checkpointing on)."""
-    return cli(files, "straight", "trainer.save_freq=2", "trainer.test_freq=2")
+    return sft_cli(cli, files, "straight", "trainer.save_freq=2", "trainer.test_freq=2")
 
 
 # ------------------------------------------------------------------------------------------------ the CLI run
@@ -210,9 +210,10 @@ def test_huggingface_folder_loads_and_the_merger_agrees(straight, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ invariance
-def test_two_ranks_under_torchrun_log_the_same_losses(files, straight):
+def test_two_ranks_under_torchrun_log_the_same_losses(files, straight, cli):
     launcher = ("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m")
-    run = cli(
+    run = sft_cli(
+        cli,
         files,
         "torchrun",
         "trainer.total_training_steps=2",

@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from _real_run import STEPS, real_run
 
+from tests.cli_runs import needs
+from tests.utils._real_run import STEPS, real_run
 from verl.utils.plot import DPI, FIGSIZE, PANELS, RunFileError, main, make_figure, plot_runs, read_run
 from verl.utils.tracking import Tracking
 
@@ -136,12 +137,13 @@ def test_missing_matplotlib_names_the_extra(tmp_path, monkeypatch, capsys):
 
 
 # ------------------------------------------------------------------------------------------------ the real run
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    return real_run(tmp_path_factory)
+@pytest.fixture
+def run(cli_runs):
+    return real_run(cli_runs)
 
 
 @pytest.mark.slow
+@needs("trackers")
 def test_plot_cli_on_a_real_run(run, tmp_path):
     assert run.returncode == 0, run.output[-4000:]
     out = tmp_path / "curves.png"

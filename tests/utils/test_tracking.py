@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _real_run import BACKENDS, STEPS, VAL_SAMPLES, real_run
 
+from tests.cli_runs import needs
+from tests.utils._real_run import BACKENDS, STEPS, VAL_SAMPLES, real_run
 from verl.utils.tracking import Tracking, ValidationGenerationsLogger
 from verl.utils.tracking.backends import default_mlflow_uri, mlflow_key
 
@@ -295,12 +296,13 @@ def test_unknown_or_unshipped_backend(in_tmp, name, message):
 
 
 # ------------------------------------------------------------------------------------------------ the real trainer
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    return real_run(tmp_path_factory)
+@pytest.fixture
+def run(cli_runs):
+    return real_run(cli_runs)
 
 
 @pytest.mark.slow
+@needs("trackers")
 def test_real_trainer_run_reaches_every_backend(run):
     assert run.returncode == 0, run.output[-4000:]
     assert "Traceback" not in run.output, run.output[-4000:]

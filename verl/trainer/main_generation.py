@@ -374,8 +374,9 @@ def run_generation(config: DictConfig) -> str:
     started = not ray.is_initialized()
     if started:
         ray_init = {k: v for k, v in _plain(config.ray_kwargs.ray_init).items() if v is not None}
-        workers = config.trainer.n_gpus_per_node * config.trainer.nnodes
-        ray_init.setdefault("num_cpus", required_logical_cpus(workers))
+        if not ray_init.get("address") and not os.environ.get("RAY_ADDRESS"):  # a cluster of its own: size it
+            workers = config.trainer.n_gpus_per_node * config.trainer.nnodes
+            ray_init.setdefault("num_cpus", required_logical_cpus(workers))
         ray.init(runtime_env={"env_vars": _worker_env()}, include_dashboard=False, **ray_init)
     try:
         return generate(config)

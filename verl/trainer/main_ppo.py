@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
 import hydra
@@ -273,7 +274,13 @@ def run_ppo(config: DictConfig, task_runner_class: Any = None, schema: DictConfi
     workers' environment either way. ``schema``: the keys allowed (default: the base config plus what the running
     Hydra app's primary yaml declares; see `verl.trainer.config.schema`)."""
     _import_external_lib(config)
+    start = time.perf_counter()
     validate_config(config, schema=schema)
+    logger.info(
+        "driver: config validated in %.2f s; %.2f s of CPU since the interpreter started",
+        time.perf_counter() - start,
+        time.process_time(),
+    )
     if not ray.is_initialized():
         ray_init = OmegaConf.to_container(config.ray_kwargs.ray_init, resolve=True) or {}
         ray_init = {k: v for k, v in ray_init.items() if v is not None}
