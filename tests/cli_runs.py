@@ -210,8 +210,8 @@ class SharedCluster:
     started on first use; its workers compute with the suite's ``OMP_NUM_THREADS`` and no idle workers are
     prestarted for each driver that connects."""
 
-    def __init__(self, work: Path) -> None:
-        self.work = work
+    def __init__(self, tmp_path_factory: Any) -> None:
+        self._factory = tmp_path_factory
         self.proc: subprocess.Popen | None = None
         self.address = ""
 
@@ -219,6 +219,8 @@ class SharedCluster:
         if self.proc is not None:
             return self.address
         from tests.trainer.ray_nodes import free_port, wait_for_nodes
+
+        self.work = self._factory.mktemp("shared_ray")
 
         port = free_port()
         temp = Path(tempfile.mkdtemp(prefix="rs", dir="/tmp"))  # short: Unix socket paths stay under ~107 chars
@@ -288,7 +290,7 @@ class Scheduler:
         self._urgent: list[str] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self.cluster = SharedCluster(tmp_path_factory.mktemp("shared_ray"))
+        self.cluster = SharedCluster(tmp_path_factory)
         self._thread = threading.Thread(target=self._loop, name="cli-runs", daemon=True)
         if closure:
             self._thread.start()

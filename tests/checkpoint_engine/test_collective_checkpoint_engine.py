@@ -124,7 +124,8 @@ def test_a_push_lands_between_the_decode_steps_of_a_generating_replica(pushed):
     sender, replicas, _ = pushed
     ray.get(replicas[0].start_long_request.remote())
     deadline = time.monotonic() + 60
-    while ray.get(replicas[0].generated.remote()) < 8 and time.monotonic() < deadline:
+    while ray.get(replicas[0].generated.remote()) < 8:  # decoding: the push must land mid-request
+        assert time.monotonic() < deadline, "the long request did not reach 8 tokens in 60 s"
         time.sleep(0.05)
     before = ray.get(replicas[0].weight_version.remote())
     _, versions = push(sender, replicas, version=before + 1, verify=False)

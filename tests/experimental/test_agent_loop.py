@@ -209,6 +209,24 @@ def test_single_turn_agent_loop_equals_the_engines_batch_call(hybrid, assets):
         assert looped.meta_info["timing"]["generate_sequences"] > 0
 
 
+def engine_progress(wg, rank: int, request_id: str) -> ray.ObjectRef:
+    """Tokens the request ``request_id`` has generated so far in rank ``rank``'s engine (None: not in flight there),
+    read in the worker's process (a ref: ``ray.get`` or ``await`` it)."""
+    role = wg.method_prefix.removesuffix("_")
+    return wg.workers[rank].__ray_call__.remote(lambda worker: worker.worker_dict[role].rollout.progress(request_id))
+
+
+async def until_generating(wg, where: dict[str, int], timeout: float = 30) -> None:
+    """Until each request of ``where`` (server-side id → rank) has generated a token in its rank's engine."""
+    deadline = time.monotonic() + timeout
+    while True:
+        progress = dict(zip(where, await asyncio.gather(*(engine_progress(wg, r, i) for i, r in where.items()))))
+        if all(progress.values()):
+            return
+        assert time.monotonic() < deadline, f"not all generating in their engines after {timeout} s: {progress}"
+        await asyncio.sleep(0.01)
+
+
 def test_server_manager_routes_least_loaded_keeps_conversations_and_aborts(hybrid, assets):
     config, wg, manager = hybrid
     handles = [ServerHandle(actor, wg.method_prefix, f"rank {i}") for i, actor in enumerate(wg.workers)]
@@ -222,17 +240,19 @@ def test_server_manager_routes_least_loaded_keeps_conversations_and_aborts(hybri
             return asyncio.create_task(servers.generate(conversation, prompt_ids=prompt, sampling_params=long))
 
         first = [start(f"c{i}") for i in range(4)]
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0)  # each task routes its request as it starts, before it awaits the server
         assert [servers.server_of(f"c{i}") for i in range(4)] == [0, 1, 0, 1] and servers.outstanding == [2, 2]
+        await until_generating(wg, {"c0/0": 0, "c3/0": 1})  # in their engines, so the abort finds them
         aborted = await servers.abort(["c0", "c3"])
         assert sorted(aborted) == ["c0", "c3"]
         outputs = await asyncio.gather(*first)
         assert [o.stop_reason for o in outputs] == ["aborted", "completed", "completed", "aborted"]
-        assert len(outputs[0].token_ids) < 400 and len(outputs[1].token_ids) == 400
+        assert 0 < len(outputs[0].token_ids) < 400 and len(outputs[1].token_ids) == 400
         # a later turn of c0 stays on c0's server (0) although server 1 is the less loaded one now
         others = [start(f"c{i}") for i in (4, 5, 6)]
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0)
         assert [servers.server_of(f"c{i}") for i in (4, 5, 6)] == [0, 1, 0] and servers.outstanding == [2, 1]
+        await until_generating(wg, {"c4/0": 0, "c5/0": 1, "c6/0": 0})  # for the abort(None) below
         turn = asyncio.create_task(servers.generate("c0", prompt_ids=prompt, sampling_params={"max_tokens": 2}))
         await asyncio.sleep(0)
         assert servers.server_of("c0") == 0 and servers.outstanding == [3, 1]
@@ -248,7 +268,7 @@ def test_no_training_call_while_generation_is_in_flight(hybrid, assets):
     prompt = prompt_batch(assets, rows=1).non_tensor_batch["raw_prompt_ids"][0]
     handle = ServerHandle(wg.workers[0], wg.method_prefix)
     ref = handle.generate.remote("busy", prompt_ids=prompt, sampling_params={"max_tokens": 400, "ignore_eos": True})
-    time.sleep(0.3)
+    asyncio.run(until_generating(wg, {"busy": 0}))
     with pytest.raises(Exception, match=r"update_weights: 1 generation request\(s\) are in flight"):
         wg.update_weights()
     ray.get(handle.abort_requests.remote(["busy"]))

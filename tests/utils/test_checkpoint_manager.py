@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -141,8 +140,8 @@ def test_broken_tracker_and_files_are_named(tmp_path):
 def test_save_state_file_is_atomic(tmp_path):
     file = tmp_path / "state.pt"
     save_state_file({"a": 1}, str(file))
-    mtime = file.stat().st_mtime
-    time.sleep(0.01)
+    os.utime(file, ns=(10**9, 10**9))  # a 1970 mtime: any write to the file, or a file renamed over it, is newer
+    before, content = file.stat(), file.read_bytes()
 
     class Unpicklable:
         def __reduce__(self):
@@ -150,4 +149,6 @@ def test_save_state_file_is_atomic(tmp_path):
 
     with pytest.raises(RuntimeError, match="cannot pickle"):
         save_state_file({"a": Unpicklable()}, str(file))
-    assert load_state_file(str(file)) == {"a": 1} and file.stat().st_mtime == mtime
+    after = file.stat()
+    assert file.read_bytes() == content and load_state_file(str(file)) == {"a": 1}
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, 10**9)  # the same file, not written to

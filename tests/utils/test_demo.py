@@ -73,12 +73,19 @@ def test_assets_are_deterministic(assets, tmp_path):
     assert pq.read_table(assets.train_files).to_pylist() == pq.read_table(other.train_files).to_pylist()
 
 
+RACERS = 4
 _RACE = """
 import os, sys, time
 from verl.utils import demo
 
-def slow_build(folder):  # stands in for the real build (seconds of torch imports): same files, same protocol
-    time.sleep(0.5)
+def slow_build(folder):  # stands in for the real build: same files, same protocol, begun by every racer at once
+    entered = sys.argv[2]
+    open(os.path.join(entered, str(os.getpid())), "w").close()
+    deadline = time.monotonic() + 60
+    while len(os.listdir(entered)) < int(sys.argv[3]):  # none renames before all have started building
+        if time.monotonic() > deadline:
+            sys.exit(f"only {os.listdir(entered)} of {sys.argv[3]} racers began building in 60 s")
+        time.sleep(0.01)
     for sub in ("model", "data"):
         os.makedirs(os.path.join(folder, sub))
     with open(os.path.join(folder, "model", "builder"), "w") as f:
@@ -92,16 +99,22 @@ print(demo.ensure_demo_assets(sys.argv[1]).model_path)
 
 
 def test_concurrent_first_use_builds_once(tmp_path):
+    entered = tmp_path / "entered"
+    entered.mkdir()
+    cache = tmp_path / "cache"
     procs = [
-        subprocess.Popen([sys.executable, "-c", _RACE, str(tmp_path)], stdout=subprocess.PIPE, text=True)
-        for _ in range(4)
+        subprocess.Popen(
+            [sys.executable, "-c", _RACE, str(cache), str(entered), str(RACERS)], stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(RACERS)
     ]
-    outputs = [p.communicate(timeout=60)[0].strip() for p in procs]
-    assert [p.returncode for p in procs] == [0, 0, 0, 0]
+    outputs = [p.communicate(timeout=120)[0].strip() for p in procs]
+    assert [p.returncode for p in procs] == [0] * RACERS
+    assert sorted(int(pid) for pid in os.listdir(entered)) == sorted(p.pid for p in procs)  # all built, at once
     assert len(set(outputs)) == 1
     with open(os.path.join(outputs[0], "builder")) as f:
         assert int(f.read()) in {p.pid for p in procs}  # one builder's complete copy won
-    assert os.listdir(tmp_path / "demo") == [f"v{demo.DEMO_VERSION}"]  # the others removed their temp dirs
+    assert os.listdir(cache / "demo") == [f"v{demo.DEMO_VERSION}"]  # the others removed their temp dirs
 
 
 def test_losing_the_rename_race_keeps_the_winner(tmp_path, monkeypatch):
@@ -135,12 +148,15 @@ def test_rows_follow_the_schema_and_are_right():
     rows = make_arithmetic_rows(200, seed=5, split="train")
     assert rows == make_arithmetic_rows(200, seed=5, split="train")
     assert rows != make_arithmetic_rows(200, seed=6, split="train")
+    ops = set()
     for i, row in enumerate(rows):
         question = row["prompt"][0]["content"]
         a, op, b = question.removeprefix("What is ").removesuffix("?").split()
         expected = int(a) + int(b) if op == "+" else int(a) - int(b)
+        ops.add(op)
         assert row["reward_model"] == {"style": "rule", "ground_truth": str(expected)}
         assert expected >= 0 and row["extra_info"]["index"] == i and row["extra_info"]["split"] == "train"
+    assert ops == {"+", "-"}  # subtractions included: their answers are the ones that could be negative
 
 
 def test_a_random_policy_scores_a_little(assets):

@@ -6,6 +6,8 @@ and resume run in tests/trainer/test_colocate_async.py."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.trainer.ppo.test_rollout_source import StandInTrainer, indices
@@ -13,10 +15,12 @@ from verl.trainer.ppo.colocate_async import ColocateAsyncRolloutSource
 from verl.trainer.ppo.dynamic_sampling import StepState
 from verl.trainer.ppo.rollout_source import get_rollout_source_class, registered_rollout_sources
 
+GENERATE_S, TRAIN_S = 0.1, 0.02  # the stand-in's generation of a batch, the step's training between take and push
+
 
 class AheadTrainer(StandInTrainer):
     """The stand-in with the async settings, several epochs, and a ``_rollout`` that records (prompts, weight
-    version, seed step) on the source's generation thread."""
+    version, seed step) on the source's generation thread, each generation taking ``GENERATE_S``."""
 
     def __init__(self, max_lag: int, total_steps: int, filter_groups: bool = False, epochs: int = 3):
         super().__init__(filter_groups=filter_groups)
@@ -26,25 +30,38 @@ class AheadTrainer(StandInTrainer):
         self.prompts.total_epochs = epochs
         self.total_training_steps = total_steps
         self.generated: list[tuple[list[int], int, int]] = []
+        self.generated_in: list[int] = []  # the training step in progress during each generation
 
     def _rollout(self, prompts, step, *, epoch=None, seed_step=None):
         self.generated.append((indices(prompts), self.state.weight_version, seed_step))
+        self.generated_in.append(self.state.global_steps)
+        time.sleep(GENERATE_S)
         return super()._rollout(prompts, step)
 
 
 def train(trainer: AheadTrainer, source: ColocateAsyncRolloutSource, steps: int) -> list[list[int]]:
-    """``steps`` steps of fit()'s calls; returns each step's trained prompts."""
+    """``steps`` steps of fit()'s calls (training takes ``TRAIN_S``); returns each step's trained prompts. Checks each
+    step's wait for generation and the trainer's idle ratio (the wait over the step's time)."""
     trained = []
     for _ in range(steps):
         trainer.state.global_steps += 1
         step = StepState(metrics={})
+        start = time.perf_counter()
         batch = source.next_batch(step)
         trained.append(sorted({int(u) for u in batch.non_tensor_batch["uid"]}))
+        time.sleep(TRAIN_S)
         source.before_weights(step)
+        seconds = time.perf_counter() - start  # the step so far, a little more than the source's own measure
         assert not any(g.future is not None and not g.future.done() for g in source._queue)  # nothing in flight
         trainer.state.weight_version += 1
         source.on_weights(trainer.state.weight_version)
-        assert step.timing["wait_rollout"] >= 0 and 0 <= step.metrics["trainer/idle_ratio"] <= 1
+        waited, idle = step.timing["wait_rollout"], step.metrics["trainer/idle_ratio"]
+        # the trainer waits for the generations of its step (all but the TRAIN_S a top-up overlaps), never while it
+        # trains; the half is the margin for a loaded machine
+        generations = trainer.generated_in.count(trainer.state.global_steps)
+        assert generations * GENERATE_S / 2 <= waited <= seconds - 0.99 * TRAIN_S, (generations, waited, seconds)
+        # idle = waited / step time, which lies between the waits plus the training and the step measured here
+        assert waited / seconds <= idle <= waited / (waited + 0.99 * TRAIN_S), (waited, seconds, idle)
     return trained
 
 

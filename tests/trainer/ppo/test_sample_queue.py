@@ -67,13 +67,15 @@ def test_close_wakes_the_waiting_sides():
     for thread in threads:
         thread.start()
     deadline = time.monotonic() + 30
-    while True:  # both blocked in the queue (a take with nothing filled, a reserve beyond the bound), not closed yet
-        with queue._cv:
-            if queue._cv.waiting == 2:
-                break
-        assert time.monotonic() < deadline, f"{queue._cv.waiting} of 2 threads waiting on the queue after 30 s"
-        time.sleep(0.005)
-    queue.close()
+    try:
+        while True:  # both blocked in the queue (a take with nothing filled, a reserve beyond the bound)
+            with queue._cv:
+                if queue._cv.waiting == 2:
+                    break
+            assert time.monotonic() < deadline, f"{queue._cv.waiting} of 2 threads waiting on the queue after 30 s"
+            time.sleep(0.005)
+    finally:
+        queue.close()
     for thread in threads:
         thread.join(timeout=5)
     assert errors == ["the sample queue was closed"] * 2 and queue._cv.waiting == 0

@@ -139,7 +139,7 @@ def test_rollout_accepts_its_value_ranges():
         (MultiTurnConfig, {"max_assistant_turns": 0}, "rollout.multi_turn.max_assistant_turns=0"),
         (MultiTurnConfig, {"tool_response_truncate_side": "top"}, "tool_response_truncate_side='top'; use one of"),
         (MultiTurnConfig, {"enable": "on"}, "rollout.multi_turn.enable='on' must be true or false"),
-        (AgentLoopConfig, {"num_workers": 0}, "rollout.agent.num_workers=0 must be an integer >= 1"),
+        (AgentLoopConfig, {"num_workers": -1}, "rollout.agent.num_workers=-1 must be an integer >= 0"),
         (AgentLoopConfig, {"default_agent_loop": ""}, "rollout.agent.default_agent_loop='' must name an agent loop"),
         (CheckpointEngineConfig, {"backend": ""}, "rollout.checkpoint_engine.backend='' must name"),
         (CheckpointEngineConfig, {"update_weights_bucket_megabytes": 0}, "update_weights_bucket_megabytes=0"),

@@ -31,6 +31,14 @@ def wait_for(engine: HFRollout, request_id: str, tokens: int, timeout: float = 6
         time.sleep(0.005)
 
 
+async def wait_for_async(engine: HFRollout, request_id: str, tokens: int, timeout: float = 60) -> None:
+    """:func:`wait_for` in a coroutine (the request's ``generate`` task submits it once the loop runs it)."""
+    deadline = time.monotonic() + timeout
+    while (engine.progress(request_id) or 0) < tokens:
+        assert time.monotonic() < deadline, f"{request_id} did not reach {tokens} tokens in {timeout} s"
+        await asyncio.sleep(0.005)
+
+
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir) -> HFRollout:
     config = RolloutConfig(dtype="float32", prompt_length=48, response_length=256, max_num_seqs=8, seed=3)
@@ -76,8 +84,7 @@ def test_abort_returns_partial_tokens_and_resume_continues_as_if_uninterrupted(e
     async def scenario():
         whole = await engine.generate("whole", prompt_ids=prompt(2), sampling_params=params)
         task = asyncio.create_task(engine.generate("cut", prompt_ids=prompt(2), sampling_params=params))
-        while (engine.progress("cut") or 0) < 10:
-            await asyncio.sleep(0.005)
+        await wait_for_async(engine, "cut", 10)
         partial = engine.abort(["cut"])["cut"]
         returned = await task
         resumed = await engine.generate("cut", prompt_ids=prompt(2), sampling_params=params, resume_from=partial)
@@ -97,8 +104,7 @@ def test_abort_returns_partial_tokens_and_resume_continues_as_if_uninterrupted(e
 def test_cancelled_task_aborts_and_errors_name_the_request(engine):
     async def cancel():
         task = asyncio.create_task(engine.generate("doomed", prompt_ids=prompt(3), sampling_params=GREEDY))
-        while not engine.progress("doomed"):
-            await asyncio.sleep(0.001)
+        await wait_for_async(engine, "doomed", 1)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -165,8 +165,9 @@ class AgentLoopConfig(BaseConfig):
     """``rollout.agent``: the agent-loop workers that drive the rollout servers.
 
     Args:
-        num_workers: agent-loop workers the batch is split over (None: veRL's 8 on a cluster with GPUs, one per node
-            hosting rollout replicas without).
+        num_workers: agent-loop workers (Ray actors) the batch is split over; 0: the agent loops run in the
+            trainer's process (None: veRL's 8 on a cluster with GPUs, one per node hosting rollout replicas on a
+            multi-node cluster without, 0 on a one-node cluster without GPUs).
         default_agent_loop: agent loop of rows that name none (registered name).
         agent_loop_config_path: YAML of extra agent loops (``name`` + ``_target_``).
         custom_async_server: a user-provided server class.
@@ -180,7 +181,7 @@ class AgentLoopConfig(BaseConfig):
     agent_loop_manager_class: str | None = None
 
     def __post_init__(self) -> None:
-        _check_int("rollout.agent.num_workers", self.num_workers, 1, optional=True)
+        _check_int("rollout.agent.num_workers", self.num_workers, 0, optional=True)
         if not isinstance(self.default_agent_loop, str) or not self.default_agent_loop:
             raise ValueError(f"rollout.agent.default_agent_loop={self.default_agent_loop!r} must name an agent loop")
 
