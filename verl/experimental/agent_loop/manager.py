@@ -166,7 +166,8 @@ class AgentLoopManager:
         for i in range(count):
             options: dict[str, Any] = {"num_cpus": 0}
             if nodes:  # each worker on the node of the replicas it mostly serves
-                options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=nodes[i % len(nodes)], soft=True)
+                node = nodes[i % len(nodes)]
+                options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node, soft=True)
             self.agent_loop_workers.append(
                 cls.options(**options).remote(self.config, self.server_handles, reward_fn, val_reward_fn)
             )
