@@ -252,6 +252,18 @@ class SharedCluster:
             self.proc.wait()
 
 
+def job_environment(environ: dict[str, str]) -> dict[str, str]:
+    """What a run's driver needs so that its Ray workers on the shared cluster see the run's environment, as they
+    would on a cluster of its own (whose workers inherit the driver's): the variables the run sets or changes,
+    given to Ray as the job's runtime env (the way ``ray job submit`` hands one to its entrypoint), merged under
+    what ``ray.init`` and each actor pass themselves."""
+    changed = {k: v for k, v in environ.items() if os.environ.get(k) != v and not k.startswith("RAY_")}
+    return {
+        "RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps({"runtime_env": {"env_vars": changed}}),
+        "RAY_OVERRIDE_JOB_RUNTIME_ENV": "1",
+    }
+
+
 # ------------------------------------------------------------------------------------------------ the scheduler
 class _Running(NamedTuple):
     proc: subprocess.Popen
@@ -373,6 +385,8 @@ class Scheduler:
         args, environ, log = main_command(work, *prepared.overrides, env=env, module=prepared.module)
         if prepared.argv is not None:
             args = list(prepared.argv)
+        if environ.get("RAY_ADDRESS"):  # a cluster started by this session: its workers do not inherit our env
+            environ.update(job_environment(environ))
         out = open(work / "output.log", "w+")  # noqa: SIM115 - closed when the run is collected
         proc = subprocess.Popen(
             args, stdout=out, stderr=subprocess.STDOUT, env=environ, cwd=work, start_new_session=True
