@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import textwrap
 import time
@@ -19,6 +18,7 @@ import ray
 import torch
 from omegaconf import OmegaConf
 
+from tests.cli_runs import Prepared, cli_run, needs
 from verl.experimental.agent_loop import AgentLoopManager, AgentLoopOutput, AsyncLLMServerManager, DictConfigWrap
 from verl.experimental.agent_loop.agent_loop import agent_loop_target, load_agent_loop_configs
 from verl.experimental.agent_loop.postprocess import version_ranges
@@ -34,7 +34,6 @@ from verl.workers.reward_manager import NaiveRewardManager
 
 HERE = Path(__file__).parent
 PROMPT_LEN, RESPONSE_LEN, ROWS = 32, 48, 6
-TIMEOUT_S = 600
 
 
 # ---------------------------------------------------------------------------------------------- no Ray needed
@@ -96,7 +95,7 @@ def test_agent_loop_manager_class_replaces_the_manager():
 # ---------------------------------------------------------------------------------------------- the servers
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    return ensure_demo_assets(tmp_path_factory.mktemp("agent_loop") / "cache")
+    return ensure_demo_assets(tmp_path_factory.getbasetemp() / "verl_cache")  # the cache the CLI runs share
 
 
 def write_loops_yaml(folder: Path, module: str) -> str:
@@ -329,28 +328,20 @@ def test_user_loops_from_yaml_mask_their_tokens_and_rewards_score_samples_as_the
 
 
 # ---------------------------------------------------------------------------------------------- main_ppo
-def test_main_ppo_trains_and_validates_through_a_user_agent_loop_from_yaml(tmp_path, assets):
+@cli_run("user_agent_loops", cost_s=45)
+def _user_agent_loops(work: Path) -> Prepared:
     """A veRL user's set-up: a parquet with an ``agent_name`` column, the loops listed in a YAML file, their module
     on PYTHONPATH; nothing else."""
+    assets = ensure_demo_assets(work.parent / "verl_cache")
     train = pd.read_parquet(assets.train_files).head(32)
     train["agent_name"] = ["two_turn" if i % 2 else "single_turn_agent" for i in range(len(train))]
-    train.to_parquet(tmp_path / "train.parquet")
-    pd.read_parquet(assets.val_files).head(8).assign(agent_name="two_turn").to_parquet(tmp_path / "val.parquet")
-    log = tmp_path / "run.jsonl"
-    loops_yaml = write_loops_yaml(tmp_path, "user_agent_loops")
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-        "VERL_FILE_LOGGER_PATH": str(log),
-        "RAY_AUTH_MODE": "disabled",
-    }
-    args = [
-        sys.executable,
-        "-m",
-        "verl.trainer.main_ppo",
+    train.to_parquet(work / "train.parquet")
+    pd.read_parquet(assets.val_files).head(8).assign(agent_name="two_turn").to_parquet(work / "val.parquet")
+    loops_yaml = write_loops_yaml(work, "user_agent_loops")
+    overrides = [
         f"actor_rollout_ref.model.path={assets.model_path}",
-        f"data.train_files={tmp_path / 'train.parquet'}",
-        f"data.val_files={tmp_path / 'val.parquet'}",
+        f"data.train_files={work / 'train.parquet'}",
+        f"data.val_files={work / 'val.parquet'}",
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops_yaml}",
         "data.train_batch_size=8",
         "data.shuffle=false",
@@ -370,13 +361,15 @@ def test_main_ppo_trains_and_validates_through_a_user_agent_loop_from_yaml(tmp_p
         "trainer.total_training_steps=2",
         "trainer.val_before_train=true",
         "trainer.test_freq=2",
-        "trainer.logger=[console,file]",
-        f"trainer.default_local_dir={tmp_path / 'ckpt'}",
-        f"hydra.run.dir={tmp_path / 'hydra'}",
     ]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT_S, env=env, cwd=tmp_path)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    by_step = {r["step"]: r["data"] for r in map(json.loads, log.read_text().splitlines()) if r.get("data")}
+    return Prepared(overrides, {"PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])})
+
+
+@needs("user_agent_loops")
+def test_main_ppo_trains_and_validates_through_a_user_agent_loop_from_yaml(cli_runs):
+    code, output, records, _ = cli_runs["user_agent_loops"]
+    assert code == 0, output[-4000:]
+    by_step = {r["step"]: r["data"] for r in records if r.get("data")}
     for step in (1, 2):
         data = by_step[step]
         assert data["num_turns/mean"] == 2.5 and data["num_turns/max"] == 3, data
