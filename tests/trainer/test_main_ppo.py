@@ -29,6 +29,8 @@ from tests.cli_runs import (  # noqa: F401 - re-exported: other test modules imp
     read_records,
     run_main,
 )
+from tests.utils._real_run import STEPS as TRACKED_STEPS
+from tests.utils._real_run import tracker_setup
 
 
 # ------------------------------------------------------------------------------------------------------ the tests
@@ -88,18 +90,22 @@ KEEP_ZERO_ADV = "actor_rollout_ref.actor.skip_zero_advantage_samples=false"
 
 @cli_run("demo_old_log_prob_pass", cost_s=40)
 def prepare_demo_old_log_prob_pass(work: Path) -> Prepared:
-    """The demo's first 4 steps with the old-log-prob pass run on its own, every sample through the gradient pass."""
+    """The demo's first 4 steps with the old-log-prob pass run on its own, every sample through the gradient pass,
+    validating at step 4 as ``demo_zero_adv_kept`` does."""
     return [
         "trainer.total_training_steps=4",
         "actor_rollout_ref.actor.skip_on_policy_old_log_prob=false",
         KEEP_ZERO_ADV,
+        f"trainer.test_freq={TRACKED_STEPS}",
     ], {}
 
 
-@cli_run("demo_zero_adv_kept", cost_s=35)
+@cli_run("demo_zero_adv_kept", cost_s=45)
 def prepare_demo_zero_adv_kept(work: Path) -> Prepared:
-    """The demo's first 4 steps with every sample through the gradient pass (the demo skips zero-advantage ones)."""
-    return ["trainer.total_training_steps=4", KEEP_ZERO_ADV], {}
+    """The demo's first 4 steps with every sample through the gradient pass (the demo skips zero-advantage ones),
+    and every tracker on (``tests/utils/_real_run.py``: the trackers' tests read this run too)."""
+    overrides, env = tracker_setup(work)
+    return ["trainer.total_training_steps=4", KEEP_ZERO_ADV, *overrides], env
 
 
 def data_records(run: MainRun) -> list[dict]:

@@ -1,7 +1,8 @@
-"""One real ``python -m verl.trainer.main_ppo`` run (the built-in demo, 3 steps) with every tracker enabled.
+"""The trackers' real run: ``python -m verl.trainer.main_ppo`` (the built-in demo, 4 steps) with every tracker on.
 
-Shared by test_tracking.py and test_plot.py: the run ``trackers``, declared here and started by the session's
-scheduler (`tests/cli_runs.py`); :func:`real_run` gives where it wrote.
+It is the run ``demo_zero_adv_kept`` of ``tests/trainer/test_main_ppo.py`` (which adds `tracker_setup` to it: the
+backends change nothing it logs, and its tests compare its metrics only); test_tracking.py and test_plot.py read
+it through :func:`real_run`.
 """
 
 from __future__ import annotations
@@ -11,10 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.cli_runs import Prepared, cli_run
-
 BACKENDS = ("console", "file", "tensorboard", "wandb", "mlflow")
-STEPS = 3
+STEPS = 4  # the run's steps; it validates at the last
+RUN = "demo_zero_adv_kept"
 VAL_SAMPLES = 2
 
 
@@ -32,10 +32,12 @@ class RealRun:
     mlflow_uri: str
 
 
-@cli_run("trackers", cost_s=50)
-def _trackers(work: Path) -> Prepared:
-    """The demo for `STEPS` steps, validating at the last, logging to every backend."""
-    environ = {k: None for k in os.environ if k.startswith(("WANDB_", "MLFLOW_", "TENSORBOARD_"))}
+def tracker_setup(work: Path) -> tuple[list[str], dict[str, str | None]]:
+    """The overrides and environment that send a run's metrics to every backend, validating at step `STEPS` with
+    `VAL_SAMPLES` generations logged (into ``work``)."""
+    environ: dict[str, str | None] = {
+        k: None for k in os.environ if k.startswith(("WANDB_", "MLFLOW_", "TENSORBOARD_"))
+    }
     environ.update(
         WANDB_MODE="offline",
         WANDB_DIR=str(work / "wandb"),
@@ -43,17 +45,16 @@ def _trackers(work: Path) -> Prepared:
         TENSORBOARD_DIR=str(work / "tensorboard"),
     )
     overrides = [
-        f"trainer.total_training_steps={STEPS}",
         f"trainer.logger=[{','.join(BACKENDS)}]",
         f"trainer.test_freq={STEPS}",
         f"trainer.log_val_generations={VAL_SAMPLES}",
     ]
-    return Prepared(overrides, environ)
+    return overrides, environ
 
 
 def real_run(cli_runs: Mapping) -> RealRun:
-    """The ``trackers`` run (a test reading it names it: ``@needs("trackers")``)."""
-    run = cli_runs["trackers"]
+    """The run `RUN` (a test reading it names it: ``@needs(RUN)``)."""
+    run = cli_runs[RUN]
     return RealRun(
         root=run.work,
         returncode=run.returncode,

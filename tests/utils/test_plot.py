@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli_runs import needs
-from tests.utils._real_run import STEPS, real_run
+from tests.utils._real_run import RUN, STEPS, real_run
 from verl.utils.plot import DPI, FIGSIZE, PANELS, RunFileError, main, make_figure, plot_runs, read_run
 from verl.utils.tracking import Tracking
 
@@ -143,7 +143,7 @@ def run(cli_runs):
 
 
 @pytest.mark.slow
-@needs("trackers")
+@needs(RUN)
 def test_plot_cli_on_a_real_run(run, tmp_path):
     assert run.returncode == 0, run.output[-4000:]
     out = tmp_path / "curves.png"

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.cli_runs import needs
-from tests.utils._real_run import BACKENDS, STEPS, VAL_SAMPLES, real_run
+from tests.utils._real_run import BACKENDS, RUN, STEPS, VAL_SAMPLES, real_run
 from verl.utils.tracking import Tracking, ValidationGenerationsLogger
 from verl.utils.tracking.backends import default_mlflow_uri, mlflow_key
 
@@ -302,7 +302,7 @@ def run(cli_runs):
 
 
 @pytest.mark.slow
-@needs("trackers")
+@needs(RUN)
 def test_real_trainer_run_reaches_every_backend(run):
     assert run.returncode == 0, run.output[-4000:]
     assert "Traceback" not in run.output, run.output[-4000:]
