@@ -367,9 +367,10 @@ class Scheduler:
 
     def _prepare_session(self) -> None:
         """Build the demo's assets once, in the cache every run shares, before several runs would race to."""
-        from verl.utils.demo import ensure_demo_assets
-
-        ensure_demo_assets(self._factory.getbasetemp() / "verl_cache")
+        in_subprocess(
+            "import sys; from verl.utils.demo import ensure_demo_assets; ensure_demo_assets(sys.argv[1])",
+            self._factory.getbasetemp() / "verl_cache",
+        )
 
     def _start(self, spec: RunSpec) -> _Running:
         work = self._factory.mktemp(spec.name)
@@ -409,6 +410,17 @@ class Scheduler:
         run.end()
         self.futures[name].set_result(result)
         return True
+
+
+def in_subprocess(code: str, *args: Any) -> None:
+    """Run ``code`` in a fresh interpreter (``sys.argv[1:]`` = ``args``). Preparations run in the scheduler's
+    thread, beside the tests of this process: anything that builds a model there would draw on torch's global RNG
+    (one per process, not per thread) between a test's seed and its model's init, so they build in a subprocess."""
+    done = subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"preparing in a subprocess failed ({done.returncode}):\n{done.stderr[-3000:]}")
 
 
 def _kill(proc: subprocess.Popen) -> None:

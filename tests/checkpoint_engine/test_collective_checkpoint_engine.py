@@ -83,16 +83,20 @@ class Replica:
 def pushed(ray_cluster, tiny_model_dir):
     """Two replicas and the trainer's sender, joined in one weight group."""
     replicas = [Replica.remote(tiny_model_dir) for _ in range(REPLICAS)]
-    host, port = node_ip_and_free_port()
-    joins = [r.join.remote(host, port, rank, REPLICAS + 1) for rank, r in enumerate(replicas, start=1)]
-    sender = BroadcastSender(weight_group(host, port, 0, REPLICAS + 1, timeout_s=60))
-    pids = ray.get(joins)
-    yield sender, replicas, pids
-    receives = [r.receive.remote() for r in replicas]
-    sender.close()
-    assert ray.get(receives) == [None] * REPLICAS  # closed: no push follows
-    for replica in replicas:
-        ray.kill(replica)
+    try:
+        # up first (their engines built: slow on a loaded machine), so the group's timeout times the join alone
+        ray.get([r.__ray_ready__.remote() for r in replicas])
+        host, port = node_ip_and_free_port()
+        joins = [r.join.remote(host, port, rank, REPLICAS + 1) for rank, r in enumerate(replicas, start=1)]
+        sender = BroadcastSender(weight_group(host, port, 0, REPLICAS + 1, timeout_s=60))
+        pids = ray.get(joins)
+        yield sender, replicas, pids
+        receives = [r.receive.remote() for r in replicas]
+        sender.close()
+        assert ray.get(receives) == [None] * REPLICAS  # closed: no push follows
+    finally:  # a failed set-up leaves no replica blocked in a join behind it
+        for replica in replicas:
+            ray.kill(replica)
 
 
 def push(sender, replicas, version: int, verify: bool = True) -> tuple[dict, list]:

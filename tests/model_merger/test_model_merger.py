@@ -18,7 +18,6 @@ import sys
 import pytest
 import torch
 
-from tests.dist_utils import spawn_gloo
 from verl.model_merger import merge_fsdp_checkpoint, save_hf_model
 from verl.model_merger.__main__ import main
 from verl.utils.tiny_model import save_tiny_qwen2
@@ -75,13 +74,13 @@ def _save_tokenizer(folder: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def trained(tiny_model_dir, tmp_path_factory) -> dict:
+def trained(gloo, tiny_model_dir, tmp_path_factory) -> dict:
     out = str(tmp_path_factory.mktemp("model_merger"))
     tied_dir = save_tiny_qwen2(os.path.join(out, "tied_qwen2"), seed=1, tie_word_embeddings=True)
     model_dirs = {"actor": tiny_model_dir, "tied": tied_dir, "critic": tiny_model_dir}
     tokenizer_dir = os.path.join(out, "tokenizer")  # the tokenizer the actor's checkpoint is saved with
     _save_tokenizer(tokenizer_dir)
-    spawn_gloo(_train_and_save, WORLD, out, model_dirs, tokenizer_dir)
+    gloo(_train_and_save, WORLD, out, model_dirs, tokenizer_dir)
     records = torch.load(os.path.join(out, "records.pt"))
     return {"out": out, "model_dirs": model_dirs, "records": records}
 

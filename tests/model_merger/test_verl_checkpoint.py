@@ -20,7 +20,6 @@ import pytest
 import torch
 from torch.distributed.tensor import Replicate, Shard
 
-from tests.dist_utils import spawn_gloo
 from verl.model_merger.__main__ import main
 from verl.model_merger.fsdp import merge_fsdp_checkpoint
 from verl.model_merger.verl_fsdp import assemble_dtensor, load_verl_fsdp_state_dict
@@ -84,7 +83,7 @@ def _write_verl_checkpoints(rank: int, out: str, sources: dict[str, str], tokeni
 
 
 @pytest.fixture(scope="module")
-def verl_ckpts(tmp_path_factory) -> dict:
+def verl_ckpts(gloo, tmp_path_factory) -> dict:
     out = str(tmp_path_factory.mktemp("verl_ckpt"))
     actor_src = save_tiny_qwen2(os.path.join(out, "actor_src"), seed=0, vocab_size=VOCAB)
     critic_src = os.path.join(out, "critic_src")
@@ -92,7 +91,7 @@ def verl_ckpts(tmp_path_factory) -> dict:
     tokenizer_dir = os.path.join(out, "tokenizer")
     _save_tokenizer(tokenizer_dir)
     sources = {"actor": actor_src, "critic": critic_src, "fsdp1_actor": actor_src}
-    spawn_gloo(_write_verl_checkpoints, WORLD, out, sources, tokenizer_dir)
+    gloo(_write_verl_checkpoints, WORLD, out, sources, tokenizer_dir)
     return {"out": out, "sources": sources}
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_runs import Prepared, cli_run, needs
+from tests.cli_runs import Prepared, cli_run, in_subprocess, needs
 from tests.trainer.async_runs import placed
 from tests.trainer.test_main_ppo import quickstart, read_jsonl
 
@@ -139,15 +139,16 @@ def _broken_checkpoint(work: Path, deps: dict) -> Prepared:
 @cli_run("resume_other_model", cost_s=35, after=("resume_straight",))
 def _another_model(work: Path, deps: dict) -> Prepared:
     """Step 4's checkpoint resumed with another (narrower) model."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     from verl.utils.demo import ensure_demo_assets
 
     assets = ensure_demo_assets(work.parent / "verl_cache")
     other = work / "other_model"
-    config = AutoConfig.from_pretrained(assets.model_path)
-    config.hidden_size, config.intermediate_size = 64, 128
-    AutoModelForCausalLM.from_config(config).save_pretrained(other)
+    build = (
+        "import sys; from transformers import AutoConfig, AutoModelForCausalLM\n"
+        "config = AutoConfig.from_pretrained(sys.argv[1]); config.hidden_size, config.intermediate_size = 64, 128\n"
+        "AutoModelForCausalLM.from_config(config).save_pretrained(sys.argv[2])"
+    )
+    in_subprocess(build, assets.model_path, other)
     for file in Path(assets.model_path).iterdir():
         if file.name.startswith(("tokenizer", "special_tokens", "chat_template")):
             shutil.copy(file, other / file.name)

@@ -12,7 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
 
-from tests.dist_utils import file_init_method
 from verl.protocol import DataProto
 from verl.utils.seqlen_balancing import (
     balance_batch,
@@ -173,26 +172,22 @@ def test_micro_batch_errors():
         restore_order([torch.zeros(1)], [[0, 1]])
 
 
-def _two_rank_worker(rank: int, init_method: str, results) -> None:
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=2)
+def _two_rank_worker(rank: int, results) -> None:
+    # rank 0 holds 40 tokens (4 micro-batches of ≤ 10), rank 1 only 8 (1 alone): both must run 4
+    lens = [10, 10, 10, 10] if rank == 0 else [2, 2, 2, 2]
+    micro_batches, idx = rearrange_micro_batches(padded(lens), 10, dp_group=dist.group.WORLD)
+    # rank 1 alone cannot fit its 11-token row: every rank raises (none hangs in the next all-reduce)
     try:
-        # rank 0 holds 40 tokens (4 micro-batches of ≤ 10), rank 1 only 8 (1 alone): both must run 4
-        lens = [10, 10, 10, 10] if rank == 0 else [2, 2, 2, 2]
-        micro_batches, idx = rearrange_micro_batches(padded(lens), 10, dp_group=dist.group.WORLD)
-        # rank 1 alone cannot fit its 11-token row: every rank raises (none hangs in the next all-reduce)
-        try:
-            rearrange_micro_batches(padded([3, 3] if rank == 0 else [11, 1]), 10, dp_group=dist.group.WORLD)
-            error = ""
-        except ValueError as exc:
-            error = str(exc)
-        results[rank] = (len(micro_batches), sorted(i for g in idx for i in g), error)
-    finally:
-        dist.destroy_process_group()
+        rearrange_micro_batches(padded([3, 3] if rank == 0 else [11, 1]), 10, dp_group=dist.group.WORLD)
+        error = ""
+    except ValueError as exc:
+        error = str(exc)
+    results[rank] = (len(micro_batches), sorted(i for g in idx for i in g), error)
 
 
-def test_micro_batch_count_agrees_over_the_data_parallel_group(tmp_path):
+def test_micro_batch_count_agrees_over_the_data_parallel_group(gloo):
     results = mp.Manager().dict()
-    mp.spawn(_two_rank_worker, args=(file_init_method(tmp_path), results), nprocs=2, join=True)
+    gloo(_two_rank_worker, 2, results)
     assert results[0][:2] == (4, [0, 1, 2, 3]) and results[1][:2] == (4, [0, 1, 2, 3])
     assert "another data-parallel rank" in results[0][2]
     assert "a sequence of 11 tokens exceeds max_token_len=10" in results[1][2]

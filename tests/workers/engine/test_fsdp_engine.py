@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 import torch
 
-from tests.dist_utils import spawn_gloo
 from verl.utils.tiny_model import save_tiny_qwen2
 from verl.workers.config.engine import FSDPEngineConfig
 from verl.workers.config.optimizer import FSDPOptimizerConfig
@@ -261,10 +260,10 @@ def _plain_and_fsdp2_one_rank(rank: int, model_dir: str, out: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def dist_run(tiny_model_dir, tmp_path_factory) -> tuple[str, list[dict]]:
+def dist_run(gloo, tiny_model_dir, tmp_path_factory) -> tuple[str, list[dict]]:
     out = str(tmp_path_factory.mktemp("fsdp_engine"))
     tied_dir = save_tiny_qwen2(os.path.join(out, "tied_qwen2"), seed=1, tie_word_embeddings=True)
-    spawn_gloo(_two_rank_checks, WORLD, tiny_model_dir, tied_dir, out)
+    gloo(_two_rank_checks, WORLD, tiny_model_dir, tied_dir, out)
     return out, [torch.load(os.path.join(out, f"rank{r}.pt"), weights_only=False) for r in range(WORLD)]
 
 
@@ -390,17 +389,17 @@ def test_checkpoint_file_checks(dist_run, tmp_path):
             check_checkpoint_files(copy)
 
 
-def test_checkpoint_loads_with_another_world_size(dist_run, tiny_model_dir):
+def test_checkpoint_loads_with_another_world_size(gloo, dist_run, tiny_model_dir):
     out, ranks = dist_run
-    spawn_gloo(_reload_one_rank, 1, tiny_model_dir, out)
+    gloo(_reload_one_rank, 1, tiny_model_dir, out)
     one = torch.load(os.path.join(out, "one_rank.pt"), weights_only=False)
     assert _max_diff(one["sd"], ranks[0]["step1_sd"]) == 0.0 and one["lr"] == ranks[0]["lr_1"]
 
 
-def test_one_rank_plain_module_equals_fsdp2(tiny_model_dir, tmp_path):
+def test_one_rank_plain_module_equals_fsdp2(gloo, tiny_model_dir, tmp_path):
     """At world size 1 the engine skips FSDP2 (only copies there): the same steps bit for bit in float32, and its
     checkpoints load into FSDP2 engines (and back) exactly."""
-    spawn_gloo(_plain_and_fsdp2_one_rank, 1, tiny_model_dir, str(tmp_path))
+    gloo(_plain_and_fsdp2_one_rank, 1, tiny_model_dir, str(tmp_path))
     r = torch.load(tmp_path / "plain_vs_fsdp2.pt", weights_only=False)
     assert not r["plain"]["sharded"] and r["fsdp2"]["sharded"]
     assert r["plain"]["steps"] == r["fsdp2"]["steps"]  # (grad norm, lr) of both steps, exactly

@@ -13,7 +13,6 @@ import os
 import pytest
 import torch
 
-from tests.dist_utils import spawn_gloo
 from verl.utils.tiny_model import save_tiny_qwen2
 from verl.workers.config.engine import FSDPEngineConfig
 from verl.workers.config.optimizer import FSDPOptimizerConfig
@@ -121,10 +120,10 @@ def _two_rank_run(rank: int, model_dir: str, out: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def lora_run(tmp_path_factory):
+def lora_run(gloo, tmp_path_factory):
     root = tmp_path_factory.mktemp("lora_engine")
     model_dir = save_tiny_qwen2(root / "model")
-    spawn_gloo(_two_rank_run, WORLD, str(model_dir), str(root))
+    gloo(_two_rank_run, WORLD, str(model_dir), str(root))
     return str(model_dir), str(root), torch.load(os.path.join(root, "records.pt"), weights_only=False)
 
 
