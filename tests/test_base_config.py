@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import pytest
 from omegaconf import OmegaConf
 
-from verl.base_config import BaseConfig, omega_conf_to_dataclass
+from verl.base_config import BaseConfig, ConfigKeyError, omega_conf_to_dataclass
 
 
 @dataclass
@@ -46,6 +46,27 @@ def test_reads_like_a_mapping():
     with pytest.raises(KeyError, match="'missing'"):
         cfg["missing"]
     assert cfg.to_dict()["optim"] == {"lr": 1e-6, "betas": (0.9, 0.999)}
+
+
+def test_missing_key_is_both_key_and_attribute_error_and_non_string_keys_are_type_errors():
+    cfg = ActorCfg()
+    for expected in (KeyError, AttributeError, ConfigKeyError):
+        with pytest.raises(expected, match="'nope'"):
+            cfg["nope"]
+    with pytest.raises(TypeError, match="keys are strings, got int"):
+        cfg[123]
+    assert cfg.get("nope") is None
+
+
+def test_public_attribute_set_on_the_instance_reads_by_key_but_private_ones_do_not():
+    cfg = BaseConfig()
+    cfg.extra = "value"  # assigned once, like a field
+    cfg._hidden = 1
+    assert cfg["extra"] == "value" and cfg.get("extra") == "value"
+    with pytest.raises(KeyError):
+        cfg["_hidden"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.extra = "other"
 
 
 def test_omega_conf_to_dataclass_builds_nested_configs():

@@ -15,9 +15,13 @@ import types
 import typing
 from typing import Any, TypeVar
 
-__all__ = ["BaseConfig", "omega_conf_to_dataclass"]
+__all__ = ["BaseConfig", "ConfigKeyError", "omega_conf_to_dataclass"]
 
 T = TypeVar("T")
+
+
+class ConfigKeyError(KeyError, AttributeError):
+    """A config has no such key: both a ``KeyError`` (mapping code) and an ``AttributeError`` (attribute code)."""
 
 
 @dataclasses.dataclass
@@ -40,11 +44,19 @@ class BaseConfig(collections.abc.Mapping):
         raise dataclasses.FrozenInstanceError(f"cannot delete {type(self).__name__}.{name}: configs are frozen")
 
     # Mapping interface: the dataclass fields are the keys (iteration, len, ``in``); ``[]`` and ``get`` also read
-    # the config's properties (derived values), as veRL's attribute-based lookups do.
+    # the config's properties (derived values) and public attributes set on the instance, as veRL's attribute-based
+    # lookups do. A missing key raises `ConfigKeyError` (a KeyError and an AttributeError); a non-string key raises
+    # TypeError, like ``getattr``.
     def __getitem__(self, key: str) -> Any:
-        if key in self._field_names() or isinstance(getattr(type(self), str(key), None), property):
+        if not isinstance(key, str):
+            raise TypeError(f"{type(self).__name__} keys are strings, got {type(key).__name__}: {key!r}")
+        if (
+            key in self._field_names()
+            or isinstance(getattr(type(self), key, None), property)
+            or (not key.startswith("_") and key in self.__dict__)
+        ):
             return getattr(self, key)
-        raise KeyError(key)
+        raise ConfigKeyError(key)
 
     def __contains__(self, key: object) -> bool:
         return key in self._field_names()

@@ -13,6 +13,10 @@ Rollout correction (IS weights, rejection sampling, bypass mode) is in ``verl.al
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import torch
+
 from verl.algorithms import cov_losses as _cov_losses  # noqa: F401  (registers clip_cov / kl_cov)
 from verl.algorithms.advantages import (
     compute_gae_advantage_return,
@@ -61,9 +65,9 @@ from verl.algorithms.registry import (
     POLICY_LOSS_REGISTRY,
     AdvantageEstimator,
     PolicyLossFn,
-    get_adv_estimator_fn,
     get_policy_loss_fn,
-    register_adv_est,
+    lookup_adv_est,
+    register_adv_est_in,
     register_policy_loss,
 )
 
@@ -111,3 +115,16 @@ __all__ = [
     "register_adv_est",
     "register_policy_loss",
 ]
+
+
+# These two read this module's ``ADV_ESTIMATOR_REGISTRY`` binding at call time (not the dict object bound at import),
+# as veRL's do: code that swaps ``core_algos.ADV_ESTIMATOR_REGISTRY`` for a dict of its own (test isolation) registers
+# into and looks up in that dict. Unswapped, it is the one dict of `verl.algorithms.registry`.
+def register_adv_est(name_or_enum: str | AdvantageEstimator) -> Callable[[Callable], Callable]:
+    """Decorator: register an advantage estimator under ``name_or_enum`` (see `verl.algorithms.registry`)."""
+    return register_adv_est_in(ADV_ESTIMATOR_REGISTRY, name_or_enum)
+
+
+def get_adv_estimator_fn(name_or_enum: str | AdvantageEstimator) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """The advantage estimator registered under ``name_or_enum``; ``ValueError`` listing the valid names if none."""
+    return lookup_adv_est(ADV_ESTIMATOR_REGISTRY, name_or_enum)

@@ -74,24 +74,38 @@ def _register(registry: dict[str, Callable], kind: str, name: str, fn: Callable)
     return fn
 
 
+def register_adv_est_in(
+    registry: dict[str, Callable], name_or_enum: str | AdvantageEstimator
+) -> Callable[[Callable], Callable]:
+    """`register_adv_est` on an explicit ``registry`` dict (``verl.trainer.ppo.core_algos`` passes its own binding)."""
+    name = _name(name_or_enum)
+    return lambda fn: _register(registry, "advantage estimator", name, fn)
+
+
+def lookup_adv_est(
+    registry: dict[str, Callable], name_or_enum: str | AdvantageEstimator
+) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """`get_adv_estimator_fn` on an explicit ``registry`` dict. The error keeps veRL's wording
+    ("Unknown advantage estimator simply: <name>") and adds the config key and the registered names."""
+    name = name_or_enum.value if isinstance(name_or_enum, Enum) else name_or_enum
+    if name not in registry:
+        raise ValueError(
+            f"Unknown advantage estimator simply: {name} (algorithm.adv_estimator); registered: {sorted(registry)}"
+        )
+    return registry[name]
+
+
 def register_adv_est(name_or_enum: str | AdvantageEstimator) -> Callable[[Callable], Callable]:
     """Decorator: register an advantage estimator under ``name_or_enum``.
 
     Registering the same function twice is a no-op; a different function under a taken name raises ``ValueError``.
     """
-    name = _name(name_or_enum)
-    return lambda fn: _register(ADV_ESTIMATOR_REGISTRY, "advantage estimator", name, fn)
+    return register_adv_est_in(ADV_ESTIMATOR_REGISTRY, name_or_enum)
 
 
 def get_adv_estimator_fn(name_or_enum: str | AdvantageEstimator) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     """The advantage estimator registered under ``name_or_enum``; ``ValueError`` listing the valid names if none."""
-    name = name_or_enum.value if isinstance(name_or_enum, Enum) else name_or_enum
-    if name not in ADV_ESTIMATOR_REGISTRY:
-        raise ValueError(
-            f"unknown advantage estimator {name!r} (algorithm.adv_estimator); registered: "
-            f"{sorted(ADV_ESTIMATOR_REGISTRY)}"
-        )
-    return ADV_ESTIMATOR_REGISTRY[name]
+    return lookup_adv_est(ADV_ESTIMATOR_REGISTRY, name_or_enum)
 
 
 def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:

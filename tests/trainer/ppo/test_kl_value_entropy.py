@@ -138,7 +138,7 @@ def test_registries_hold_every_veRL_name():
 
 
 def test_unknown_names_list_the_valid_ones():
-    with pytest.raises(ValueError, match="unknown advantage estimator 'grp'.*'grpo'"):
+    with pytest.raises(ValueError, match="Unknown advantage estimator simply: grp .*'grpo'"):
         ca.get_adv_estimator_fn("grp")
     with pytest.raises(ValueError, match="unknown policy loss 'ppo'.*'vanilla'"):
         ca.get_policy_loss_fn("ppo")
@@ -161,6 +161,23 @@ def test_registering_a_different_function_under_a_taken_name_fails():
         assert ca.get_adv_estimator_fn("test_only_estimator") is my_estimator
     finally:
         ca.ADV_ESTIMATOR_REGISTRY.pop("test_only_estimator", None)
+
+
+def test_swapping_core_algos_registry_redirects_register_and_lookup(monkeypatch):
+    from verl.algorithms import registry
+
+    def doubled(x):
+        return 2 * x
+
+    swapped = {"gae": doubled}
+    monkeypatch.setattr(ca, "ADV_ESTIMATOR_REGISTRY", swapped)
+    assert ca.get_adv_estimator_fn("gae")(5) == 10
+    assert ca.register_adv_est("swapped_only")(doubled) is doubled
+    assert set(swapped) == {"gae", "swapped_only"}
+    assert "swapped_only" not in registry.ADV_ESTIMATOR_REGISTRY  # the package's dict is untouched
+    assert registry.get_adv_estimator_fn("gae") is ca.compute_gae_advantage_return
+    with pytest.raises(ValueError, match=r"Unknown advantage estimator simply: grpo .*: \['gae', 'swapped_only'\]"):
+        ca.get_adv_estimator_fn("grpo")
 
 
 def test_reference_helpers_are_what_the_tests_think():

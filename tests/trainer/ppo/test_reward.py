@@ -147,7 +147,7 @@ class TestLoadRewardManager:
             ({"source": "importlib", "name": "MyManager"}, ValueError, "reward_manager.module.path"),
             ({"source": "importlib", "name": "not_a_class", "module": {"path": "USER"}}, TypeError, "not a class"),
             ({"source": "pypi"}, ValueError, "reward_manager.source"),
-            ({"name": "nope"}, ValueError, "unknown reward manager 'nope'"),
+            ({"name": "nope"}, ValueError, "Unknown reward manager: nope "),
         ],
     )
     def test_bad_manager_configs(self, tokenizer, user_file, reward_manager, error, match):

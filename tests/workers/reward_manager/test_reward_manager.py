@@ -271,7 +271,7 @@ class TestRegistry:
             REWARD_MANAGER_REGISTRY.pop("test_constant")
 
     def test_unknown_name_lists_the_registered_ones(self):
-        with pytest.raises(ValueError, match=r"unknown reward manager 'nope'.*'naive'"):
+        with pytest.raises(ValueError, match=r"Unknown reward manager: nope .*'naive'"):
             get_reward_manager_cls("nope")
 
     def test_the_base_class_has_no_scoring(self, tokenizer, make_batch):

@@ -42,5 +42,5 @@ def get_reward_manager_cls(name: str) -> type:
         return REWARD_MANAGER_REGISTRY[name]
     except KeyError:
         raise ValueError(
-            f"unknown reward manager {name!r} (reward_manager.name); registered: {sorted(REWARD_MANAGER_REGISTRY)}"
+            f"Unknown reward manager: {name} (reward_manager.name); registered: {sorted(REWARD_MANAGER_REGISTRY)}"
         ) from None
