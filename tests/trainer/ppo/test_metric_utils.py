@@ -1,4 +1,5 @@
-"""veRL's aborted-sample and partial-rollout metrics, computed from real batch columns."""
+"""veRL's aborted-sample, partial-rollout, timing and throughput metrics, computed from real batch columns;
+veRL's one-class `Metric`."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ import torch
 
 from verl.experimental.agent_loop.postprocess import object_column, version_ranges
 from verl.protocol import DataProto
-from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_partial_rollout_metrics
+from verl.trainer.ppo.metric_utils import (
+    _compute_response_info,
+    compute_data_metrics,
+    compute_partial_rollout_metrics,
+    compute_throughout_metrics,
+    compute_timing_metrics,
+)
+from verl.utils.metric import AggregationType, Metric, MetricList, reduce_metrics
+from verl.utils.metric.utils import AggregationTypeMismatchError
 
 
 def batch(lengths: list[int], token_versions: list[list[int]], resp_len: int = 4) -> DataProto:
@@ -51,3 +60,45 @@ def test_aborted_samples_are_the_empty_responses():
     everything = compute_data_metrics(batch([0, 0], [[], []]), use_critic=False)
     assert everything["response/aborted_ratio"] == 1.0 and "response_length_non_aborted/mean" not in everything
     assert np.isfinite(everything["response_length/mean"])
+
+
+def test_response_info_prefers_the_response_mask_and_falls_back_to_the_attention_mask():
+    data = batch([4, 1], [[1] * 4, [1]])
+    info = _compute_response_info(data)
+    assert info["prompt_length"].tolist() == [2.0, 2.0] and info["response_length"].tolist() == [4.0, 1.0]
+    data.batch["response_mask"] = torch.tensor([[1, 0, 0, 1], [1, 0, 0, 0]])  # a tool observation in the middle
+    assert _compute_response_info(data)["response_length"].tolist() == [2.0, 1.0]
+    no_mask = DataProto.from_dict({k: v for k, v in data.batch.items() if k != "response_mask"})
+    assert _compute_response_info(no_mask)["response_length"].tolist() == [4.0, 1.0]  # attention_mask's reading
+
+
+def test_timing_per_token_uses_response_tokens_for_generation_and_all_tokens_for_the_rest():
+    data = batch([4, 1], [[1] * 4, [1]])  # 5 response tokens, 4 prompt tokens
+    metrics = compute_timing_metrics(data, {"gen": 0.5, "ref": 0.9, "step": 2.0})
+    assert metrics["timing_s/step"] == 2.0
+    assert metrics["timing_per_token_ms/gen"] == pytest.approx(500 / 5)
+    assert metrics["timing_per_token_ms/ref"] == pytest.approx(900 / 9)
+
+
+def test_throughput_counts_global_token_num_when_the_batch_records_it():
+    data = batch([4, 1], [[1] * 4, [1]])
+    assert compute_throughout_metrics(data, {"step": 3.0}, n_gpus=1)["perf/total_num_tokens"] == 9.0
+    data.meta_info["global_token_num"] = [100, 200, 300]
+    metrics = compute_throughout_metrics(data, {"step": 2.0}, n_gpus=2)
+    assert metrics["perf/total_num_tokens"] == 600 and metrics["perf/throughput"] == 150.0
+
+
+def test_metric_is_a_metric_list_built_from_a_first_value():
+    total = Metric("sum", [1, 2])
+    total.append(torch.tensor(3.0))
+    total.append(Metric(AggregationType.SUM, 4.0))  # another Metric: its values are added
+    assert total.values == [1, 2, 3.0, 4.0] and total.aggregate() == 10.0
+    assert isinstance(total, MetricList) and isinstance(Metric.chain([total, Metric("sum", 1)]), Metric)
+    per_key = Metric.from_dict({"loss": 1.5, "acc": 0.5}, aggregation="max")
+    assert per_key["loss"].values == [1.5] and per_key["acc"].aggregation is AggregationType.MAX
+    assert total.init_list().values == [] and isinstance(total.init_list(), Metric)
+    with pytest.raises(AggregationTypeMismatchError, match="sum != mean"):
+        total.append(Metric("mean", 1.0))
+    with pytest.raises(ValueError, match="scalar"):
+        total.append(torch.tensor([1.0, 2.0]))
+    assert reduce_metrics({"m": Metric("min", [3.0, 1.0]), "plain": [2.0, 4.0]}) == {"m": 1.0, "plain": 3.0}

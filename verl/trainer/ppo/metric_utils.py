@@ -116,10 +116,26 @@ def compute_data_metrics(batch: DataProto, use_critic: bool = True) -> dict[str,
     return metrics
 
 
-def _token_counts(batch: DataProto) -> dict[str, int]:
+def _compute_response_info(batch: DataProto) -> dict[str, torch.Tensor]:
+    """veRL's helper: ``prompt_length`` and ``response_length`` per sample (float) and the ``response_mask``.
+
+    The response mask is the batch's ``response_mask`` when it has one (tool-observation tokens of agent loops are
+    not generated, so they do not count), else the response part of ``attention_mask`` (veRL's reading).
+    """
     b = batch.batch
-    response = int(b["response_mask"].sum())
-    prompt = int(b["attention_mask"][:, : -b["responses"].shape[-1]].sum())
+    width = b["responses"].shape[-1]
+    response_mask = b["response_mask"] if "response_mask" in b.keys() else b["attention_mask"][:, -width:]
+    return {
+        "response_mask": response_mask,
+        "prompt_length": b["attention_mask"][:, :-width].sum(-1).float(),
+        "response_length": response_mask.sum(-1).float(),
+    }
+
+
+def _token_counts(batch: DataProto) -> dict[str, int]:
+    info = _compute_response_info(batch)
+    response = int(info["response_length"].sum())
+    prompt = int(info["prompt_length"].sum())
     return {
         "gen": response,
         "ref": response + prompt,
@@ -142,9 +158,13 @@ def compute_timing_metrics(batch: DataProto, timing_raw: Mapping[str, float]) ->
 
 def compute_throughout_metrics(batch: DataProto, timing_raw: Mapping[str, float], n_gpus: int) -> dict[str, float]:
     """``perf/total_num_tokens``, ``perf/time_per_step`` and ``perf/throughput`` (tokens per second per worker).
-    (veRL's name, typo included.)"""
-    b = batch.batch
-    total_tokens = int(b["attention_mask"].sum())
+    (veRL's name, typo included.) The token count is the sum of ``meta_info["global_token_num"]`` (per-sample
+    counts, as veRL's trainer records them) when the batch carries it, else the ones of ``attention_mask``."""
+    global_token_num = batch.meta_info.get("global_token_num")
+    if global_token_num is not None:
+        total_tokens = int(sum(int(n) for n in global_token_num))
+    else:
+        total_tokens = int(batch.batch["attention_mask"].sum())
     step_time = float(timing_raw.get("step", 0.0))
     metrics = {"perf/total_num_tokens": float(total_tokens), "perf/time_per_step": step_time}
     if step_time > 0 and n_gpus > 0:

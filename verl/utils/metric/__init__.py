@@ -3,9 +3,10 @@
 from verl.utils.metric.utils import (
     AggregationType,
     AggregationTypeMismatchError,
+    Metric,
     MetricList,
     MetricValue,
     reduce_metrics,
 )
 
-__all__ = ["AggregationType", "AggregationTypeMismatchError", "MetricList", "MetricValue", "reduce_metrics"]
+__all__ = ["AggregationType", "AggregationTypeMismatchError", "Metric", "MetricList", "MetricValue", "reduce_metrics"]

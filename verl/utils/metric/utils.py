@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["AggregationType", "AggregationTypeMismatchError", "MetricList", "MetricValue", "reduce_metrics"]
+__all__ = ["AggregationType", "AggregationTypeMismatchError", "Metric", "MetricList", "MetricValue", "reduce_metrics"]
 
 
 class AggregationType(Enum):
@@ -125,7 +125,37 @@ class MetricList:
         return len(self.values)
 
     def __repr__(self) -> str:
-        return f"MetricList({self.aggregation.value!r}, {self.values!r})"
+        return f"{type(self).__name__}({self.aggregation.value!r}, {self.values!r})"
+
+
+class Metric(MetricList):
+    """veRL's one-class metric: a `MetricList` built from an optional first value (or list of values).
+
+    ``append`` also takes another `MetricList`/`Metric` (its values are added, aggregations must match).
+    """
+
+    def __init__(self, aggregation: str | AggregationType, value: Any = None) -> None:
+        super().__init__(aggregation)
+        if isinstance(value, list | tuple):
+            self.extend(value)
+        elif value is not None:
+            self.append(value)
+
+    def append(self, value: Any) -> None:
+        """Add a number, a scalar tensor, a `MetricValue` or every value of another `MetricList`."""
+        if isinstance(value, MetricList):
+            self.extend(value)
+        else:
+            super().append(value)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], aggregation: str | AggregationType) -> dict[str, Metric]:
+        """``{key: Metric(aggregation, value)}`` for every item of ``data``."""
+        return {key: cls(aggregation, value) for key, value in data.items()}
+
+    def init_list(self) -> Metric:
+        """An empty `Metric` with this one's aggregation."""
+        return Metric(self.aggregation)
 
 
 def reduce_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
