@@ -131,6 +131,13 @@ def test_load_extern_objects_from_files_and_packages(tmp_path):
     module = load_module(str(src), module_name="fork_imports_my_dataset")
     assert sys.modules["fork_imports_my_dataset"] is module and module.MyDataset is cls
     assert load_module("") is None
+    with pytest.raises(AttributeError, match="object_name='X': module_path is empty"):
+        load_extern_object(None, "X")
+    broken = tmp_path / "broken.py"
+    broken.write_text("this is not python :\n")
+    with pytest.raises(RuntimeError, match="importing the file failed: SyntaxError") as excinfo:
+        load_extern_object(str(broken), "X")
+    assert isinstance(excinfo.value.__cause__, SyntaxError)
 
 
 def test_import_external_libs_and_package_checks():

@@ -122,7 +122,12 @@ def _load_file_module(path: str, module_name: str | None) -> types.ModuleType:
     from verl.utils.reward_score.custom import load_object_from_file
 
     # load_object_from_file imports the file once per process; any module attribute gets us the module itself.
-    module = sys.modules[load_object_from_file(path, "__name__", path_key="module_path", name_key="__name__")]
+    try:
+        module = sys.modules[load_object_from_file(path, "__name__", path_key="module_path", name_key="__name__")]
+    except FileNotFoundError:
+        raise
+    except Exception as e:  # the file itself failed to import (syntax error, its own imports, ...): veRL's type
+        raise RuntimeError(f"module_path={path!r}: importing the file failed: {type(e).__name__}: {e}") from e
     if module_name is not None:
         existing = sys.modules.get(module_name)
         if existing is not None and existing is not module:
@@ -132,17 +137,14 @@ def _load_file_module(path: str, module_name: str | None) -> types.ModuleType:
 
 
 def load_extern_object(module_path: str, object_name: str) -> Any:
-    """``getattr(load_module(module_path), object_name)``; ``AttributeError`` names both when it is missing.
+    """``getattr(load_module(module_path), object_name)``.
 
-    ``module_path`` is a file path (``/x/my_mod.py``, ``file://x/my_mod.py``) or ``pkg://dotted.module``.
+    ``module_path`` is a file path (``/x/my_mod.py``, ``file://x/my_mod.py``) or ``pkg://dotted.module``. As in
+    veRL: an empty/None ``module_path`` or a missing object raises ``AttributeError`` (naming both), a file that
+    fails to import raises ``RuntimeError``, a missing file ``FileNotFoundError``.
     """
     if not module_path:
-        raise ValueError(f"load_extern_object: module_path is empty (looking for {object_name!r})")
-    if not module_path.startswith(PKG_PATH_PREFIX):
-        from verl.utils.reward_score.custom import load_object_from_file
-
-        path = module_path[len(FILE_PATH_PREFIX) :] if module_path.startswith(FILE_PATH_PREFIX) else module_path
-        return load_object_from_file(path, object_name, path_key="module_path", name_key="object_name")
+        raise AttributeError(f"object_name={object_name!r}: module_path is empty, no module to read it from")
     module = load_module(module_path)
     if not hasattr(module, object_name):
         raise AttributeError(f"object_name={object_name!r}: module {module_path!r} defines no such attribute")
