@@ -70,6 +70,11 @@ def test_built_from_verl_yaml_node():
         ({"wrap_policy": {"min_num_params": -1}}, "wrap_policy.min_num_params=-1 must be an integer >= 0"),
         ({"wrap_policy": {"transformer_layer_cls_to_wrap": 3}}, "transformer_layer_cls_to_wrap=3 must be a class name"),
         ({"wrap_policy": {"disable": "no"}}, "wrap_policy.disable='no' must be true or false"),
+        ({"wrap_policy": {"layer_class": 3}}, "wrap_policy.layer_class=3 must be a class name"),
+        (
+            {"wrap_policy": {"layer_class": "A", "transformer_layer_cls_to_wrap": ["B"]}},
+            r"wrap_policy.layer_class='A' disagrees with fsdp_config.wrap_policy.transformer_layer_cls_to_wrap=\['B'\]",
+        ),
         ({"mixed_precision": "bf16"}, "fsdp_config.mixed_precision='bf16' must be a mapping"),
         ({"mixed_precision": {"keep_low": 1}}, r"mixed_precision has unknown key\(s\) \['keep_low'\]"),
         ({"mixed_precision": {"param_dtype": "fp8"}}, "fsdp_config.mixed_precision.param_dtype='fp8'; use one of"),

@@ -17,7 +17,7 @@ def test_defaults_are_veRLs():
     assert (cfg.optimizer, cfg.optimizer_impl, cfg.lr) == ("AdamW", "torch.optim", 1e-6)
     assert (cfg.lr_warmup_steps_ratio, cfg.lr_warmup_steps, cfg.total_training_steps) == (0.0, -1, -1)
     assert (cfg.weight_decay, tuple(cfg.betas), cfg.clip_grad, cfg.grad_clip) == (0.01, (0.9, 0.999), 1.0, None)
-    assert (cfg.min_lr_ratio, cfg.num_cycles, cfg.lr_scheduler_type, cfg.warmup_style) == (0.0, 0.5, "constant", None)
+    assert (cfg.min_lr_ratio, cfg.num_cycles, cfg.lr_scheduler_type, cfg.warmup_style) == (None, 0.5, "constant", None)
     assert cfg.override_optimizer_config is None
     assert OptimConfig is FSDPOptimizerConfig and issubclass(FSDPOptimizerConfig, OptimizerConfig)
 

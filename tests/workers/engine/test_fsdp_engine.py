@@ -523,6 +523,9 @@ def test_decoder_layer_classes(tiny_model_dir):
     assert decoder_layer_classes(model, {"min_num_params": 0}) == {"Qwen2DecoderLayer"}
     assert decoder_layer_classes(model, {"transformer_layer_cls_to_wrap": "Qwen2MLP"}) == {"Qwen2MLP"}
     assert decoder_layer_classes(model, {"disable": True}) == set()
+    assert decoder_layer_classes(model, {"layer_class": ["Qwen2MLP"]}) == {"Qwen2MLP"}  # the other name
+    config = FSDPEngineConfig(wrap_policy={"layer_class": "Qwen2MLP", "transformer_layer_cls_to_wrap": "Qwen2MLP"})
+    assert decoder_layer_classes(model, config.wrap_policy) == {"Qwen2MLP"}
 
 
 def test_full_state_helpers():

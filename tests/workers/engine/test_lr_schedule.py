@@ -36,6 +36,13 @@ def test_constant_schedule():
     assert [constant_schedule_with_warmup(s, warmup_steps=2) for s in range(4)] == [0.0, 0.5, 1.0, 1.0]
 
 
+def test_cosine_schedule_default_min_lr_ratio_none_decays_to_zero():
+    optim = FSDPOptimizerConfig(lr=1.0, lr_scheduler_type="cosine", total_training_steps=4)
+    assert optim.min_lr_ratio is None  # veRL's dataclass default; the yaml sets 0.0
+    lrs = _lrs(optim, 6)
+    assert lrs[0] == pytest.approx(1.0) and lrs[2] == pytest.approx(0.5) and lrs[4:] == pytest.approx([0.0, 0.0])
+
+
 def test_cosine_schedule_with_warmup_and_min_lr():
     optim = FSDPOptimizerConfig(
         lr=1.0, lr_scheduler_type="cosine", lr_warmup_steps=2, total_training_steps=10, min_lr_ratio=0.1

@@ -33,8 +33,9 @@ FSDP_STRATEGIES = ("fsdp", "fsdp2")
 
 # Keys of ``wrap_policy``: FSDP2 shards each transformer block; ``transformer_layer_cls_to_wrap`` overrides the block
 # classes (default: the model's ``_no_split_modules``); ``min_num_params`` is accepted for veRL compatibility (FSDP1's
-# size-based policy; the engine does not use it); ``disable: true`` shards only the root module.
-WRAP_POLICY_KEYS = ("min_num_params", "transformer_layer_cls_to_wrap", "disable")
+# size-based policy; the engine does not use it); ``disable: true`` shards only the root module; ``layer_class`` is
+# another name for ``transformer_layer_cls_to_wrap`` (the two may not disagree).
+WRAP_POLICY_KEYS = ("min_num_params", "transformer_layer_cls_to_wrap", "layer_class", "disable")
 
 # Keys of ``mixed_precision`` (each a dtype name, except the boolean ``cast_forward_inputs``).
 MIXED_PRECISION_KEYS = ("param_dtype", "reduce_dtype", "buffer_dtype", "cast_forward_inputs")
@@ -52,6 +53,8 @@ class FSDPEngineConfig(BaseConfig):
         wrap_policy: which submodules get their own FSDP unit (keys in ``WRAP_POLICY_KEYS``).
         wrap_policy.min_num_params: FSDP1's size-based wrapping threshold; accepted for veRL compatibility, not used
             (FSDP2 shards each decoder layer).
+        wrap_policy.layer_class: class name(s) of the blocks to shard; another name for
+            ``wrap_policy.transformer_layer_cls_to_wrap``.
         param_offload: keep parameter shards in host memory between uses (accelerators only; on CPU they are there
             already, so it is a no-op).
         optimizer_offload: the same for the optimizer state.
@@ -140,6 +143,10 @@ class FSDPEngineConfig(BaseConfig):
             raise ValueError("invalid FSDP engine config: " + "; ".join(problems))
 
 
+def _class_names(value: Any) -> set[str]:
+    return {value} if isinstance(value, str) else set(value) if isinstance(value, list | tuple) else set()
+
+
 def _wrap_policy_problems(p: str, policy: Any) -> list[str]:
     if not isinstance(policy, dict):
         return [f"{p}.wrap_policy={policy!r} must be a mapping with keys from {list(WRAP_POLICY_KEYS)}"]
@@ -150,11 +157,18 @@ def _wrap_policy_problems(p: str, policy: Any) -> list[str]:
     min_params = policy.get("min_num_params", 0)
     if not _is_int(min_params) or min_params < 0:
         problems.append(f"{p}.wrap_policy.min_num_params={min_params!r} must be an integer >= 0")
-    classes = policy.get("transformer_layer_cls_to_wrap")
-    if classes is not None and not (
-        isinstance(classes, str) or (isinstance(classes, list | tuple) and all(isinstance(c, str) for c in classes))
-    ):
-        problems.append(f"{p}.wrap_policy.transformer_layer_cls_to_wrap={classes!r} must be a class name or a list")
+    for key in ("transformer_layer_cls_to_wrap", "layer_class"):
+        classes = policy.get(key)
+        if classes is not None and not (
+            isinstance(classes, str) or (isinstance(classes, list | tuple) and all(isinstance(c, str) for c in classes))
+        ):
+            problems.append(f"{p}.wrap_policy.{key}={classes!r} must be a class name or a list of them")
+    named = [policy.get(k) for k in ("transformer_layer_cls_to_wrap", "layer_class")]
+    if all(v is not None for v in named) and _class_names(named[0]) != _class_names(named[1]):
+        problems.append(
+            f"{p}.wrap_policy.layer_class={named[1]!r} disagrees with "
+            f"{p}.wrap_policy.transformer_layer_cls_to_wrap={named[0]!r}; set one of them"
+        )
     if not isinstance(policy.get("disable", False), bool):
         problems.append(f"{p}.wrap_policy.disable={policy['disable']!r} must be true or false")
     return problems

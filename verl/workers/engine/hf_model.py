@@ -62,12 +62,15 @@ def load_hf_model(
 def decoder_layer_classes(model: torch.nn.Module, wrap_policy: Mapping[str, Any]) -> set[str]:
     """Class names of the blocks that get their own FSDP unit.
 
-    ``wrap_policy.transformer_layer_cls_to_wrap`` when given, else the model's ``_no_split_modules`` (the decoder
-    layer classes of a transformers model); empty when ``wrap_policy.disable`` is true.
+    ``wrap_policy.transformer_layer_cls_to_wrap`` (or its other name ``layer_class``) when given, else the model's
+    ``_no_split_modules`` (the decoder layer classes of a transformers model); empty when ``wrap_policy.disable`` is
+    true.
     """
     if wrap_policy.get("disable", False):
         return set()
     names = wrap_policy.get("transformer_layer_cls_to_wrap")
+    if names is None:
+        names = wrap_policy.get("layer_class")
     if names is None:
         names = getattr(model, "_no_split_modules", None) or ()
     if isinstance(names, str):
