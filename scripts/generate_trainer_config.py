@@ -55,6 +55,7 @@ from verl.workers.config import (  # noqa: E402
     SamplingConfig,
     TraceConfig,
 )
+from verl.workers.config.optimizer import role_optim_default  # noqa: E402
 
 CONFIG_DIR = ROOT / "verl" / "trainer" / "config"
 
@@ -235,7 +236,7 @@ def files() -> dict[str, tuple[str, dict[str, Any]]]:
     full = expected()
     arr = full["actor_rollout_ref"]
     actor, ref, critic, rm = arr["actor"], arr["ref"], full["critic"], full["reward_model"]
-    engine, optim = dump(FSDPEngineConfig()), dump(FSDPOptimizerConfig())
+    engine, optim = dump(FSDPEngineConfig()), dump(role_optim_default())
     mcore = dump(McoreEngineConfig())
     optim_megatron = {**optim, "_target_": ROLE_TARGETS["megatron_optim"], **MEGATRON_OPTIM}
     dp_keys = DP_ACTOR_KEYS

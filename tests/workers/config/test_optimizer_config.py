@@ -22,6 +22,15 @@ def test_defaults_are_veRLs():
     assert OptimConfig is FSDPOptimizerConfig and issubclass(FSDPOptimizerConfig, OptimizerConfig)
 
 
+def test_roles_default_optim_is_the_yamls_with_min_lr_ratio_zero():
+    from verl.workers.config import ActorConfig, CriticConfig
+    from verl.workers.config.optimizer import role_optim_default
+
+    assert role_optim_default().min_lr_ratio == 0.0 and role_optim_default(lr=2.0).lr == 2.0
+    assert ActorConfig().optim.min_lr_ratio == 0.0 and CriticConfig().optim.min_lr_ratio == 0.0
+    assert CriticConfig().optim.lr == 1e-5
+
+
 def test_built_from_omegaconf_and_frozen():
     raw = OmegaConf.create({"lr": 1e-5, "betas": [0.9, 0.95], "lr_scheduler_type": "cosine", "min_lr_ratio": None})
     cfg = omega_conf_to_dataclass(raw, FSDPOptimizerConfig)

@@ -14,7 +14,7 @@ from verl.algorithms.config import LOSS_AGG_MODES, RolloutCorrectionConfig, vali
 from verl.base_config import BaseConfig
 from verl.workers.config.checkpoint import CheckpointConfig
 from verl.workers.config.engine import FSDPEngineConfig
-from verl.workers.config.optimizer import FSDPOptimizerConfig
+from verl.workers.config.optimizer import FSDPOptimizerConfig, role_optim_default
 from verl.workers.config.profiler import RoleProfilerConfig
 from verl.workers.config.sizes import per_rank_mini_batch_size
 
@@ -196,7 +196,7 @@ class ActorConfig(BaseConfig):
     entropy_from_logits_with_chunking: bool = False
     entropy_checkpointing: bool = False
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    optim: FSDPOptimizerConfig = field(default_factory=FSDPOptimizerConfig)
+    optim: FSDPOptimizerConfig = field(default_factory=role_optim_default)
     fsdp_config: FSDPEngineConfig = field(default_factory=FSDPEngineConfig)
     router_replay: dict[str, Any] = field(default_factory=lambda: {"mode": "disabled"})
     profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)

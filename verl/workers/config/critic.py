@@ -9,7 +9,7 @@ from verl.base_config import BaseConfig
 from verl.workers.config.checkpoint import CheckpointConfig
 from verl.workers.config.engine import FSDPEngineConfig
 from verl.workers.config.lora import LoraSpec
-from verl.workers.config.optimizer import FSDPOptimizerConfig
+from verl.workers.config.optimizer import FSDPOptimizerConfig, role_optim_default
 from verl.workers.config.profiler import RoleProfilerConfig
 from verl.workers.config.sizes import per_rank_mini_batch_size
 
@@ -55,7 +55,7 @@ class CriticModelConfig(BaseConfig):
 
 
 def _critic_optim() -> FSDPOptimizerConfig:
-    return FSDPOptimizerConfig(lr=1e-5)
+    return role_optim_default(lr=1e-5)
 
 
 @dataclass

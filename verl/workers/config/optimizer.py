@@ -16,7 +16,7 @@ from typing import Any
 
 from verl.base_config import BaseConfig
 
-__all__ = ["LR_SCHEDULER_TYPES", "FSDPOptimizerConfig", "OptimConfig", "OptimizerConfig"]
+__all__ = ["LR_SCHEDULER_TYPES", "FSDPOptimizerConfig", "OptimConfig", "OptimizerConfig", "role_optim_default"]
 
 # Shapes of the learning-rate schedule after warmup (the registry in verl.workers.engine.lr_schedule has the same keys).
 LR_SCHEDULER_TYPES = ("constant", "cosine")
@@ -159,6 +159,12 @@ class FSDPOptimizerConfig(OptimizerConfig):
             raise ValueError("invalid optimizer config: " + "; ".join(problems))
         self._fold_alias("grad_clip", "clip_grad", 1.0)
         self._fold_alias("warmup_style", "lr_scheduler_type", "constant")
+
+
+def role_optim_default(**overrides: Any) -> FSDPOptimizerConfig:
+    """A role's default ``optim``: the yaml's values, i.e. the dataclass defaults with ``min_lr_ratio=0.0`` (veRL's
+    dataclass default is None, its yaml writes 0.0; both mean a cosine decay down to 0)."""
+    return FSDPOptimizerConfig(**{"min_lr_ratio": 0.0, **overrides})
 
 
 # Short name used in verl's docs and issues.
