@@ -40,6 +40,39 @@ def test_copy_to_local_returns_local_paths_and_refuses_remote_ones(tmp_path, mon
     assert copy(str(model), str(tmp_path / "copy")) and (tmp_path / "copy" / "config.json").read_text() == "{}"
 
 
+def test_non_local_sources_go_through_the_cache_whose_transfer_is_copy(tmp_path, monkeypatch):
+    import verl.utils.fs as fs
+
+    remote = tmp_path / "remote_model"  # what an hdfs:// path stands for; the transfer reads it locally
+    (remote / "sub").mkdir(parents=True)
+    (remote / "config.json").write_text("{}")
+    (remote / "sub" / "w.bin").write_bytes(b"123")
+    calls = []
+
+    def transfer(src: str, dst: str, **kwargs) -> bool:
+        calls.append(src)
+        return fs.copy(str(remote), dst)
+
+    monkeypatch.setattr(fs, "copy", transfer)
+    src, cache = "hdfs://nn/models/remote_model", tmp_path / "cache"
+    local = fs.copy_to_local(src, cache_dir=str(cache))
+    assert local == os.path.join(cache, fs.md5_encode(src), "remote_model") and calls == [src]
+    assert open(os.path.join(local, "sub", "w.bin"), "rb").read() == b"123"
+    record = os.path.join(local, ".directory_record.json")
+    assert fs._check_directory_structure(local, record)
+    assert fs.copy_to_local(src, cache_dir=str(cache)) == local and len(calls) == 1  # cached
+    os.remove(os.path.join(local, "sub", "w.bin"))  # an incomplete cache is copied again
+    assert not fs._check_directory_structure(local, record)
+    fs.copy_to_local(src, cache_dir=str(cache))
+    assert len(calls) == 2 and os.path.exists(os.path.join(local, "sub", "w.bin"))
+    fs.copy_to_local(src, cache_dir=str(cache), always_recopy=True)
+    assert len(calls) == 3
+    with open(os.path.join(local, "config.json"), "w") as f:  # same names, another size: a changed tree
+        f.write("{ }")
+    assert not fs._check_directory_structure(local, record)
+    assert not fs._check_directory_structure(local, os.path.join(local, "missing_record.json"))
+
+
 def test_fs_cache_and_mkdir_helpers(tmp_path, monkeypatch):
     from verl.utils.fs import get_local_temp_path, local_mkdir_safe, md5_encode, verify_copy
 

@@ -3,11 +3,17 @@
 veRL copies ``hdfs://`` checkpoints and models into a local cache before use. This verl reads local paths (and
 Hugging Face Hub names, which ``transformers`` resolves itself); a remote URL raises ``NotImplementedError`` naming
 the path, instead of failing later with a confusing "file not found".
+
+The cache itself is veRL's: for a path :func:`is_non_local` accepts, :func:`copy_to_local` copies it once (under a
+file lock) into ``<cache_dir>/<md5(src)>/<basename>`` with :func:`copy`, records a copied folder's tree and copies
+again when the cached tree no longer matches the record. :func:`copy` here reads local paths only, so an
+``hdfs://`` source still ends in its ``NotImplementedError``; a site that can read HDFS replaces ``copy``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import re
@@ -120,6 +126,60 @@ def verify_copy(src: str, dest: str) -> bool:
     return _tree(src) == _tree(dest)
 
 
+_RECORD_NAME = ".directory_record.json"
+
+
+def _tree_without_record(folder: str) -> dict[str, int]:
+    return {path: size for path, size in _tree(folder).items() if path != _RECORD_NAME}
+
+
+def _record_directory_structure(folder_path: str | os.PathLike) -> str:
+    """Write the tree of ``folder_path`` (relative path → size, -1 for folders) into a record file inside it and
+    return the record's path (veRL's helper; the record itself is left out of the tree)."""
+    folder = os.fspath(folder_path)
+    record_file = os.path.join(folder, _RECORD_NAME)
+    with open(record_file, "w") as f:
+        json.dump(_tree_without_record(folder), f, sort_keys=True)
+    return record_file
+
+
+def _check_directory_structure(folder_path: str | os.PathLike, record_file: str | os.PathLike) -> bool:
+    """True when ``folder_path`` holds exactly the files and folders (and file sizes) of ``record_file``; False when
+    the record is missing, unreadable or differs."""
+    try:
+        with open(record_file) as f:
+            recorded = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return recorded == _tree_without_record(os.fspath(folder_path))
+
+
+def _remove(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
+
+
+def _copy_into_cache(src: str, cache_dir: str | None, verbose: bool, always_recopy: bool) -> str:
+    """veRL's cache of a non-local ``src``: ``<cache_dir>/<md5(src)>/<basename>``, copied once with :func:`copy`."""
+    from filelock import FileLock
+
+    cache_dir = os.fspath(cache_dir) if cache_dir is not None else tempfile.gettempdir()
+    os.makedirs(cache_dir, exist_ok=True)
+    local = get_local_temp_path(src, cache_dir)
+    with FileLock(os.path.join(cache_dir, md5_encode(src) + ".lock")):
+        if always_recopy and os.path.exists(local):
+            _remove(local)
+        if os.path.isdir(local) and not _check_directory_structure(local, os.path.join(local, _RECORD_NAME)):
+            logger.warning("cached copy %s of %s is incomplete or changed: copying again", local, src)
+            _remove(local)
+        if not os.path.exists(local):
+            if verbose:
+                logger.info("copying %s to %s", src, local)
+            copy(src, local)
+            if os.path.isdir(local):
+                _record_directory_structure(local)
+    return local
+
+
 def copy_to_shm(src: str) -> str:
     """Copy the local ``src`` into ``/dev/shm/verl-cache/<md5>/`` (once; reused while it matches) and return it.
 
@@ -158,9 +218,10 @@ def copy_to_local(
     """The local path to read ``src`` from.
 
     A local path (or a Hugging Face Hub name) is returned as is, with ``~`` expanded; ``use_shm`` first copies a
-    local path into ``/dev/shm``. ``hdfs://`` and other remote URLs raise ``NotImplementedError``: remote
-    filesystems are not supported here. ``cache_dir``, ``filelock``, ``verbose`` and ``always_recopy`` are accepted
-    for veRL compatibility; they only matter for remote sources.
+    local path into ``/dev/shm``. A path :func:`is_non_local` accepts (``hdfs://``) goes through veRL's cache in
+    ``cache_dir`` (default: the system temp folder; ``always_recopy`` copies again), whose transfer is :func:`copy`:
+    it refuses remote paths with ``NotImplementedError``. Other remote URLs raise ``NotImplementedError`` at once.
+    ``filelock`` is accepted for veRL compatibility (the lock is named after the source's hash, as in veRL).
     """
     local = copy_local_path_from_hdfs(src, cache_dir, filelock, verbose, always_recopy)
     if use_shm:
@@ -178,6 +239,8 @@ def copy_local_path_from_hdfs(
     always_recopy: bool = False,
 ) -> str:
     """Deprecated veRL name of :func:`copy_to_local` (without ``use_shm``); same rules."""
+    if is_non_local(src):
+        return _copy_into_cache(os.fspath(src).rstrip("/"), cache_dir, verbose, always_recopy)
     local = _local(src, "src")
     if verbose:
         logger.info("copy_to_local: %s is local, nothing to copy", local)
