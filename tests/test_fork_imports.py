@@ -47,11 +47,11 @@ def test_non_local_sources_go_through_the_cache_whose_transfer_is_copy(tmp_path,
     (remote / "sub").mkdir(parents=True)
     (remote / "config.json").write_text("{}")
     (remote / "sub" / "w.bin").write_bytes(b"123")
-    calls = []
+    calls, local_copy = [], fs.copy
 
     def transfer(src: str, dst: str, **kwargs) -> bool:
         calls.append(src)
-        return fs.copy(str(remote), dst)
+        return local_copy(str(remote), dst)
 
     monkeypatch.setattr(fs, "copy", transfer)
     src, cache = "hdfs://nn/models/remote_model", tmp_path / "cache"
