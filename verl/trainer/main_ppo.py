@@ -4,14 +4,15 @@ With neither ``actor_rollout_ref.model.path`` nor ``data.train_files`` given, th
 under the overrides: a tiny Qwen2, its tokenizer and a synthetic arithmetic task (materialised under
 ``$VERL_CACHE_DIR``), GRPO on one CPU worker with the console logger. See docs/quickstart.md.
 
-``main`` → ``run_ppo`` (validates the whole config, starts Ray) → ``TaskRunner`` (a Ray actor) →
-``RayPPOTrainer.init_workers()`` / ``fit()``.
+``main`` → ``run_ppo`` (validates the whole config, starts Ray) → ``TaskRunner`` (in this process; a recipe's
+decorated runner is a Ray actor) → ``RayPPOTrainer.init_workers()`` / ``fit()``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -197,7 +198,9 @@ class TaskRunner:
 
     def run(self, config: DictConfig) -> None:
         """Build everything from ``config`` and train with :attr:`trainer_class`."""
-        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", force=True)
+        # in an actor: INFO lines reach the driver's console; in the driver, a logging set up (Hydra's) is kept
+        in_actor = ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", force=in_actor)
 
         from verl.trainer.ppo.ray_trainer import RayPPOTrainer
         from verl.trainer.ppo.reward import load_reward_manager
@@ -262,7 +265,7 @@ def _rollout_resources(config: DictConfig) -> Any:
 def _worker_env() -> dict[str, str]:
     """Environment for the Ray workers: verl's own ``VERL_*`` settings travel with the job."""
     env = {"TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_MODE": "disabled"}
-    env.update({k: v for k, v in os.environ.items() if k.startswith("VERL_")})
+    env.update({k: v for k, v in os.environ.items() if k.startswith("VERL_") and v})
     return env
 
 
@@ -270,9 +273,11 @@ def run_ppo(config: DictConfig, task_runner_class: Any = None, schema: DictConfi
     """Validate ``config`` (every problem at once, before Ray starts), start Ray, run the job in a TaskRunner.
 
     ``task_runner_class``: a recipe's runner (default :class:`TaskRunner`), a plain class or one already decorated
-    with ``ray.remote`` (veRL's recipes pass ``ray.remote(num_cpus=1)(MyRunner)``); it is started with the
-    workers' environment either way. ``schema``: the keys allowed (default: the base config plus what the running
-    Hydra app's primary yaml declares; see `verl.trainer.config.schema`)."""
+    with ``ray.remote`` (veRL's recipes pass ``ray.remote(num_cpus=1)(MyRunner)``). A decorated runner is a Ray
+    actor started with the workers' environment. A plain one runs in this process when this call starts Ray (the
+    job's environment is then the workers' already): no actor to start, and the trainer's modules are imported
+    while Ray starts; with Ray already initialised, it is an actor too. ``schema``: the keys allowed (default: the
+    base config plus what the running Hydra app's primary yaml declares; see `verl.trainer.config.schema`)."""
     _import_external_lib(config)
     start = time.perf_counter()
     validate_config(config, schema=schema)
@@ -281,35 +286,59 @@ def run_ppo(config: DictConfig, task_runner_class: Any = None, schema: DictConfi
         time.perf_counter() - start,
         time.process_time(),
     )
-    if not ray.is_initialized():
-        ray_init = OmegaConf.to_container(config.ray_kwargs.ray_init, resolve=True) or {}
-        ray_init = {k: v for k, v in ray_init.items() if v is not None}
-        env = {
-            "TOKENIZERS_PARALLELISM": "false",
-            "RAY_AUTH_MODE": "disabled",
-            "VERL_CACHE_DIR": os.environ.get("VERL_CACHE_DIR", ""),
-        }
-        if not ray_init.get("address") and not os.environ.get("RAY_ADDRESS"):  # a cluster of its own: size it
-            workers = world_size(config) + rollout_pool_size(config)
-            ray_init.setdefault("num_cpus", required_logical_cpus(workers))
-            if "OMP_NUM_THREADS" not in os.environ:  # Ray's default is one thread per worker
-                # colocate_async runs a resident rollout server beside each training worker
-                computing = workers + (world_size(config) if config.trainer.get("mode") == "colocate_async" else 0)
-                env["OMP_NUM_THREADS"] = str(cpu_threads_per_worker(computing))
-                logger.info(
-                    "%d computing process(es) on %s cores: OMP_NUM_THREADS=%s each (set it to override)",
-                    computing,
-                    os.cpu_count(),
-                    env["OMP_NUM_THREADS"],
-                )
-        ray.init(runtime_env={"env_vars": {k: v for k, v in env.items() if v}}, include_dashboard=False, **ray_init)
-    runtime_env = {"env_vars": _worker_env()}
     runner_cls = task_runner_class or TaskRunner
+    in_process = not isinstance(runner_cls, ray.actor.ActorClass) and not ray.is_initialized()
+    if in_process:
+        warm = threading.Thread(target=_import_trainer_stack, name="verl-import", daemon=True)
+        warm.start()
+        _init_ray(config)
+        warm.join()
+        runner_cls().run(config)
+        return
+    if not ray.is_initialized():
+        _init_ray(config)
+    runtime_env = {"env_vars": _worker_env()}
     if isinstance(runner_cls, ray.actor.ActorClass):  # decorated by the recipe: keep its options, add the env
         runner_cls = runner_cls.options(runtime_env=runtime_env)
     else:
         runner_cls = ray.remote(num_cpus=0, runtime_env=runtime_env)(runner_cls)
     ray.get(runner_cls.remote().run.remote(config))
+
+
+def _init_ray(config: DictConfig) -> None:
+    """``ray.init`` with ``ray_kwargs.ray_init``; the job's environment is the workers' (`_worker_env`).
+
+    A cluster of its own is sized for the config's workers, its computing processes share the cores, and the
+    environment goes into this process's before Ray starts (Ray's processes inherit it): the idle workers Ray
+    starts with the node then match the job and host its first actors, instead of new processes started after
+    them. On an existing cluster the environment travels as the job's runtime env."""
+    ray_init = OmegaConf.to_container(config.ray_kwargs.ray_init, resolve=True) or {}
+    ray_init = {k: v for k, v in ray_init.items() if v is not None}
+    env = _worker_env()
+    if ray_init.get("address") or os.environ.get("RAY_ADDRESS"):
+        ray.init(runtime_env={"env_vars": env}, include_dashboard=False, **ray_init)
+        return
+    workers = world_size(config) + rollout_pool_size(config)
+    ray_init.setdefault("num_cpus", required_logical_cpus(workers))
+    if "OMP_NUM_THREADS" not in os.environ:  # Ray's default is one thread per worker
+        # colocate_async runs a resident rollout server beside each training worker
+        computing = workers + (world_size(config) if config.trainer.get("mode") == "colocate_async" else 0)
+        env["OMP_NUM_THREADS"] = str(cpu_threads_per_worker(computing))
+        logger.info(
+            "%d computing process(es) on %s cores: OMP_NUM_THREADS=%s each (set it to override)",
+            computing,
+            os.cpu_count(),
+            env["OMP_NUM_THREADS"],
+        )
+    os.environ.update(env)
+    ray.init(include_dashboard=False, **ray_init)
+
+
+def _import_trainer_stack() -> None:
+    """What an in-process runner imports first (torch, tensordict, the trainer, the workers' classes), imported
+    beside ``ray.init``, which mostly waits on the processes it starts."""
+    import verl.trainer.ppo.ray_trainer  # noqa: F401
+    import verl.workers.fsdp_workers  # noqa: F401
 
 
 @hydra.main(config_path="config", config_name="ppo_trainer", version_base=None)
