@@ -151,7 +151,7 @@ def dump(config: Any) -> dict[str, Any]:
 def expected() -> dict[str, Any]:
     """The whole composed ``ppo_trainer`` config, with the cross-section links veRL writes as interpolations."""
     actor = {"_target_": ROLE_TARGETS["dp_actor"], **dump(ActorConfig())}
-    actor["rollout_n"] = "${actor_rollout_ref.rollout.n}"
+    actor["rollout_n"] = "${oc.select:actor_rollout_ref.rollout.n,1}"
     rollout = dump(RolloutConfig())
     rollout["prompt_length"] = "${data.max_prompt_length}"
     rollout["response_length"] = "${data.max_response_length}"
@@ -165,7 +165,7 @@ def expected() -> dict[str, Any]:
         "${oc.select:actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu,16384}"
     )
     critic = {"_target_": ROLE_TARGETS["dp_critic"], **dump(CriticConfig())}
-    critic["rollout_n"] = "${actor_rollout_ref.rollout.n}"
+    critic["rollout_n"] = "${oc.select:actor_rollout_ref.rollout.n,1}"
     critic["model"]["path"] = "${actor_rollout_ref.model.path}"
     critic["model"]["tokenizer_path"] = "${actor_rollout_ref.model.path}"
     for key in ("ppo_mini_batch_size", "ppo_epochs", "shuffle", "use_dynamic_bsz", "loss_agg_mode"):

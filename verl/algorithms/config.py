@@ -7,9 +7,10 @@ dataclass validates itself in ``__post_init__`` and names the offending key, its
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from verl.base_config import BaseConfig
+from verl.base_config import BaseConfig, omega_conf_to_dataclass
 
 __all__ = [
     "KL_PENALTY_TYPES",
@@ -346,6 +347,14 @@ class AlgoConfig(BaseConfig):
         }
         for name, (cls, optional) in nested.items():
             value = getattr(self, name)
+            if isinstance(value, Mapping) and not isinstance(value, BaseConfig):
+                # veRL passes nested sections as dicts (``pf_ppo={"reweight_method": ...}``): build the config (unknown
+                # keys are refused by name). This is the field's one resolution during construction.
+                try:
+                    value = omega_conf_to_dataclass(value, cls)
+                except (TypeError, ValueError) as e:
+                    raise ValueError(f"algorithm.{name}: {e}") from e
+                object.__setattr__(self, name, value)
             if not (isinstance(value, cls) or (optional and value is None)):
                 raise ValueError(
                     f"algorithm.{name} must be a {cls.__name__}{' or None' if optional else ''}, got "

@@ -44,6 +44,21 @@ def test_built_from_omegaconf_with_nested_groups():
         omega_conf_to_dataclass({"gama": 0.9}, AlgoConfig)
 
 
+def test_nested_sections_given_as_dicts_are_built_as_veRL_passes_them():
+    cfg = AlgoConfig(
+        pf_ppo={"reweight_method": "max_min", "weight_pow": 3.0},
+        kl_ctrl=OmegaConf.create({"type": "adaptive", "kl_coef": 0.002, "horizon": 5000, "target_kl": 0.05}),
+        filter_groups={"enable": True, "metric": "acc"},
+        rollout_correction={},
+    )
+    assert cfg.pf_ppo == PFPPOConfig(reweight_method="max_min", weight_pow=3.0)
+    assert isinstance(cfg.kl_ctrl, KLControlConfig) and cfg.kl_ctrl.type == "adaptive" and cfg.kl_ctrl.horizon == 5000
+    assert isinstance(cfg.filter_groups, FilterGroupsConfig) and cfg.filter_groups.metric == "acc"
+    assert cfg.rollout_correction == RolloutCorrectionConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.pf_ppo = PFPPOConfig()
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -52,8 +67,10 @@ def test_built_from_omegaconf_with_nested_groups():
         ({"adv_estimator": ""}, "algorithm.adv_estimator=''"),
         ({"norm_adv_by_std_in_grpo": "yes"}, "norm_adv_by_std_in_grpo='yes' must be true or false"),
         ({"kl_penalty": "k5"}, "algorithm.kl_penalty='k5' is not a KL estimator.*'low_var_kl'"),
-        ({"kl_ctrl": {"type": "fixed"}}, "algorithm.kl_ctrl must be a KLControlConfig"),
-        ({"filter_groups": {"enable": True}}, "algorithm.filter_groups must be a FilterGroupsConfig or None"),
+        ({"kl_ctrl": 3}, "algorithm.kl_ctrl must be a KLControlConfig"),
+        ({"filter_groups": "on"}, "algorithm.filter_groups must be a FilterGroupsConfig or None"),
+        ({"pf_ppo": {"weight": 1}}, r"algorithm.pf_ppo: unknown config key\(s\) \['weight'\]"),
+        ({"pf_ppo": {"reweight_method": "best"}}, "algorithm.pf_ppo.reweight_method='best'"),
     ],
 )
 def test_algo_config_validation(kwargs, message):

@@ -4,6 +4,7 @@ from verl.workers.config.actor import ActorConfig, FSDPActorConfig, PolicyLossCo
 from verl.workers.config.checkpoint import CheckpointConfig
 from verl.workers.config.critic import CriticConfig, CriticModelConfig, FSDPCriticConfig
 from verl.workers.config.engine import FSDPEngineConfig, McoreEngineConfig
+from verl.workers.config.megatron import McoreActorConfig, McoreCriticConfig, McoreOptimizerConfig
 from verl.workers.config.model import HFModelConfig
 from verl.workers.config.optimizer import FSDPOptimizerConfig, OptimConfig, OptimizerConfig
 from verl.workers.config.profiler import RoleProfilerConfig
@@ -36,7 +37,10 @@ __all__ = [
     "FSDPEngineConfig",
     "FSDPOptimizerConfig",
     "HFModelConfig",
+    "McoreActorConfig",
+    "McoreCriticConfig",
     "McoreEngineConfig",
+    "McoreOptimizerConfig",
     "MultiTurnConfig",
     "OptimConfig",
     "OptimizerConfig",

@@ -8,7 +8,7 @@ worker; ``ppo_mini_batch_size_per_rank`` is derived from them and never set by u
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from verl.algorithms.config import LOSS_AGG_MODES, RolloutCorrectionConfig, validate_kl_penalty_type
 from verl.base_config import BaseConfig
@@ -158,6 +158,10 @@ class ActorConfig(BaseConfig):
         data_parallel_size: data-parallel ranks (set by the worker).
     """
 
+    # The strategies this class accepts (the Megatron subclass accepts "megatron" as a config only).
+    _strategies: ClassVar[tuple[str, ...]] = ("fsdp", "fsdp2")
+    _strategy_hint: ClassVar[str] = "use fsdp or fsdp2 (megatron is not available)"
+
     clip_ratio: float = 0.2
     clip_ratio_low: float | None = 0.2
     clip_ratio_high: float | None = 0.2
@@ -242,8 +246,8 @@ class ActorConfig(BaseConfig):
             raise ValueError(
                 f"{prefix}.global_batch_info has unknown key(s) {unknown}; allowed: {list(GLOBAL_BATCH_INFO_KEYS)}"
             )
-        if self.strategy not in ("fsdp", "fsdp2"):
-            raise ValueError(f"{prefix}.strategy={self.strategy!r}; use fsdp or fsdp2 (megatron is not available)")
+        if self.strategy not in self._strategies:
+            raise ValueError(f"{prefix}.strategy={self.strategy!r}; {self._strategy_hint}")
         if self.ppo_micro_batch_size is not None:
             raise ValueError(
                 f"{prefix}.ppo_micro_batch_size (global) is deprecated and not supported: set "

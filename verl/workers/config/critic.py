@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from verl.base_config import BaseConfig
 from verl.workers.config.checkpoint import CheckpointConfig
@@ -93,6 +93,10 @@ class CriticConfig(BaseConfig):
         data_parallel_size: data-parallel ranks (set by the worker).
     """
 
+    # The strategies this class accepts (the Megatron subclass accepts "megatron" as a config only).
+    _strategies: ClassVar[tuple[str, ...]] = ("fsdp", "fsdp2")
+    _strategy_hint: ClassVar[str] = "use fsdp or fsdp2 (megatron is not available)"
+
     enable: bool | None = None
     strategy: str = "fsdp"
     optim: FSDPOptimizerConfig = field(default_factory=_critic_optim)
@@ -119,8 +123,8 @@ class CriticConfig(BaseConfig):
     ppo_mini_batch_size_per_rank: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
-        if self.strategy not in ("fsdp", "fsdp2"):
-            raise ValueError(f"critic.strategy={self.strategy!r}; use fsdp or fsdp2 (megatron is not available)")
+        if self.strategy not in self._strategies:
+            raise ValueError(f"critic.strategy={self.strategy!r}; {self._strategy_hint}")
         for name in ("ppo_micro_batch_size", "forward_micro_batch_size"):
             if getattr(self, name) is not None:
                 raise ValueError(

@@ -121,7 +121,7 @@ class FSDPOptimizerConfig(OptimizerConfig):
     Args:
         optimizer: class name inside ``optimizer_impl`` (``AdamW``).
         optimizer_impl: module the optimizer class is imported from (``torch.optim``).
-        min_lr_ratio: the cosine schedule decays to ``min_lr_ratio · lr``; null (the default, as in veRL) means 0.
+        min_lr_ratio: the cosine schedule decays to ``min_lr_ratio · lr``; null means 0.
         warmup_style: deprecated alias of ``lr_scheduler_type``.
         lr_scheduler_type: schedule after warmup: "constant" or "cosine".
         num_cycles: cosine periods over the decay phase; 0.5 is a half period, from ``lr`` down to the minimum.

@@ -1,0 +1,103 @@
+"""veRL's Megatron role configs, as configs only: ``McoreOptimizerConfig``, ``McoreActorConfig``,
+``McoreCriticConfig``.
+
+They exist so that ``_target_: verl.workers.config.McoreActorConfig`` (``actor/megatron_actor.yaml``,
+``ppo_megatron_trainer.yaml``) and recipes that build them resolve and validate. This verl has no Megatron engine:
+the trainer builds its roles as ``ActorConfig`` / ``CriticConfig``, which refuse ``strategy: megatron`` at start-up,
+so none of these reaches a worker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from verl.workers.config.actor import ActorConfig
+from verl.workers.config.critic import CriticConfig
+from verl.workers.config.engine import McoreEngineConfig
+from verl.workers.config.optimizer import FSDPOptimizerConfig
+
+__all__ = ["McoreActorConfig", "McoreCriticConfig", "McoreOptimizerConfig"]
+
+_HINT = "a Megatron role config takes strategy megatron (and is a config only: no Megatron engine runs here)"
+MCORE_LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
+
+
+@dataclass
+class McoreOptimizerConfig(FSDPOptimizerConfig):
+    """``optim`` of a Megatron role (``optim/megatron.yaml``): the shared optimizer keys plus Megatron's scheduler.
+
+    Args:
+        optimizer: Megatron's optimizer name ("adam", "sgd").
+        lr_warmup_init: learning rate at the start of warmup.
+        lr_decay_steps: steps of the decay phase; null: the whole run.
+        lr_decay_style: "constant", "linear", "cosine", "inverse-square-root" or "WSD".
+        min_lr: learning rate at the end of the decay.
+        weight_decay_incr_style: how the weight decay changes over the run ("constant", "linear", "cosine").
+        lr_wsd_decay_style: decay shape of the WSD schedule's last phase.
+        lr_wsd_decay_steps: length of that phase.
+        use_checkpoint_opt_param_scheduler: take the scheduler's settings from the checkpoint when resuming.
+    """
+
+    optimizer: str = "adam"
+    lr_warmup_init: float = 0.0
+    lr_decay_steps: int | None = None
+    lr_decay_style: str = "constant"
+    min_lr: float = 0.0
+    weight_decay_incr_style: str = "constant"
+    lr_wsd_decay_style: str = "exponential"
+    lr_wsd_decay_steps: int | None = None
+    use_checkpoint_opt_param_scheduler: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.lr_decay_style not in MCORE_LR_DECAY_STYLES:
+            raise ValueError(f"optim.lr_decay_style={self.lr_decay_style!r}; use one of {list(MCORE_LR_DECAY_STYLES)}")
+        for name in ("lr_decay_steps", "lr_wsd_decay_steps"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise ValueError(f"optim.{name}={value!r} must be an integer >= 0 or null")
+
+
+def _mcore_optim() -> McoreOptimizerConfig:
+    return McoreOptimizerConfig(min_lr_ratio=0.0)
+
+
+def _mcore_critic_optim() -> McoreOptimizerConfig:
+    return McoreOptimizerConfig(lr=1e-5, min_lr_ratio=0.0)
+
+
+@dataclass
+class McoreActorConfig(ActorConfig):
+    """``actor_rollout_ref.actor`` of ``ppo_megatron_trainer`` (veRL's ``McoreActorConfig``), a config only.
+
+    Args:
+        megatron: how the model would be split (tensor/pipeline/... parallel sizes).
+        load_weight: load the HF weights into the Megatron model.
+    """
+
+    _strategies: ClassVar[tuple[str, ...]] = ("megatron",)
+    _strategy_hint: ClassVar[str] = _HINT
+
+    strategy: str = "megatron"
+    optim: McoreOptimizerConfig = field(default_factory=_mcore_optim)
+    megatron: McoreEngineConfig = field(default_factory=McoreEngineConfig)
+    load_weight: bool = True
+
+
+@dataclass
+class McoreCriticConfig(CriticConfig):
+    """``critic`` of ``ppo_megatron_trainer`` (veRL's ``McoreCriticConfig``), a config only.
+
+    Args:
+        megatron: how the value model would be split.
+        load_weight: load the HF weights into the Megatron model.
+    """
+
+    _strategies: ClassVar[tuple[str, ...]] = ("megatron",)
+    _strategy_hint: ClassVar[str] = _HINT
+
+    strategy: str = "megatron"
+    optim: McoreOptimizerConfig = field(default_factory=_mcore_critic_optim)
+    megatron: McoreEngineConfig = field(default_factory=McoreEngineConfig)
+    load_weight: bool = True
