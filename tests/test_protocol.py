@@ -285,7 +285,9 @@ def test_make_iterator_covers_each_row_once_per_epoch():
 def test_fold_unfold_and_column_chunks():
     data = make_batch(6)
     folded = fold_batch_dim(data, 2)
-    assert folded.batch.batch_size == (2, 3) and folded.non_tensor_batch["uid"].shape == (2, 3)
+    # veRL's layout: the batch keeps one batch dim; each folded row holds 3 original rows
+    assert folded.batch.batch_size == (2,) and folded.batch["x"].shape == (2, 3, 3)
+    assert folded.non_tensor_batch["uid"].shape == (2, 3)
     assert_rows(unfold_batch_dim(folded), list(range(6)), data)
     with pytest.raises(ValueError, match="do not fold"):
         fold_batch_dim(data, 4)

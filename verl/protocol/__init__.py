@@ -8,12 +8,15 @@ A `DataProto` holds three things that always stay row-aligned:
 
 Every operation (indexing, chunk, concat, repeat, union, ...) applies the same row selection to tensors and
 non-tensors. The public names and semantics follow veRL's ``verl.protocol``: the types live in
-:mod:`verl.protocol.core`, the helpers over them in :mod:`verl.protocol.ops` (which imports ``core``; ``core``
-never imports ``ops``), and this package re-exports both. A pickle naming ``verl.protocol.DataProto`` (written before
-the split) still loads: the name resolves to the same class.
+:mod:`verl.protocol.core`, the helpers over them in :mod:`verl.protocol.ops` and the future of a worker group's
+output in :mod:`verl.protocol.future` (both import ``core``; ``core`` imports neither), and this package re-exports
+them. A pickle naming ``verl.protocol.DataProto`` (written before the split) still loads: the name resolves to the
+same class. Refused inputs (conflicting values, uneven chunks, ...) raise `InvalidDataError`, a ``ValueError`` that
+is also an ``AssertionError`` (what veRL raises there).
 """
 
-from verl.protocol.core import DataProto, DataProtoConfig, DataProtoFuture, DataProtoItem
+from verl.protocol.core import DataProto, DataProtoConfig, DataProtoItem
+from verl.protocol.future import DataProtoFuture
 from verl.protocol.ops import (
     all_gather_data_proto,
     collate_fn,
@@ -28,6 +31,7 @@ from verl.protocol.ops import (
     unfold_batch_dim,
     unpad_dataproto,
 )
+from verl.utils.errors import InvalidDataError
 from verl.utils.tensordict_utils import union_numpy_dict, union_tensor_dict
 
 __all__ = [
@@ -35,6 +39,7 @@ __all__ = [
     "DataProtoConfig",
     "DataProtoFuture",
     "DataProtoItem",
+    "InvalidDataError",
     "all_gather_data_proto",
     "collate_fn",
     "deserialize_single_tensor",

@@ -1,6 +1,7 @@
-"""`DataProto` and its row (`DataProtoItem`), the auto-padding switch (`DataProtoConfig`) and `DataProtoFuture`.
+"""`DataProto` and its row (`DataProtoItem`) and the auto-padding switch (`DataProtoConfig`).
 
-The helpers over these types are in :mod:`verl.protocol.ops` (which imports this module, never the other way);
+The helpers over these types are in :mod:`verl.protocol.ops` and the future of a worker group's output in
+:mod:`verl.protocol.future` (both import this module, never the other way);
 :mod:`verl.protocol` re-exports both under veRL's names.
 """
 
@@ -10,7 +11,7 @@ import copy
 import logging
 import os
 import pickle
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,16 +19,17 @@ import numpy as np
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict
 
+from verl.utils.errors import InvalidDataError
 from verl.utils.tensordict_utils import (
     as_object_array,
+    deep_equal,
     pack_tensordict,
     union_numpy_dict,
     union_tensor_dict,
-    union_two_dict,
     unpack_tensordict,
 )
 
-__all__ = ["DataProto", "DataProtoConfig", "DataProtoFuture", "DataProtoItem"]
+__all__ = ["DataProto", "DataProtoConfig", "DataProtoItem"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,12 +56,41 @@ class DataProtoConfig(metaclass=_DataProtoConfigMeta):
     """``DataProtoConfig.auto_padding = True`` lets every DataProto be padded when split unevenly across workers."""
 
 
-def _merge_metrics(parts: list[dict]) -> dict[str, list]:
-    """Per-worker metric dicts → one dict of lists (a scalar counts as a one-element list)."""
+def _merge_metrics(parts: list[dict | list[dict] | None]) -> dict[str, list]:
+    """Per-worker metrics → one dict of lists. A worker's metrics are a dict (of scalars or lists), a list of such
+    dicts, or None (no metrics); a scalar counts as a one-element list."""
     merged: dict[str, list] = {}
     for part in parts:
-        for name, value in part.items():
-            merged.setdefault(name, []).extend(value if isinstance(value, list) else [value])
+        if part is None:
+            continue
+        for metrics in part if isinstance(part, list | tuple) else [part]:
+            if not isinstance(metrics, Mapping):
+                raise InvalidDataError(
+                    f"meta_info['metrics'] must be a dict or a list of dicts, got an entry of type "
+                    f"{type(metrics).__name__}"
+                )
+            for name, value in metrics.items():
+                merged.setdefault(name, []).extend(value if isinstance(value, list) else [value])
+    return merged
+
+
+def _merge_meta(parts: list[dict]) -> dict:
+    """The meta_info of joined DataProtos: ``metrics`` merged (:func:`_merge_metrics`), every other key kept once;
+    a key present in several parts must hold equal values (`InvalidDataError` naming it)."""
+    merged: dict = {}
+    for part in parts:
+        for key, value in part.items():
+            if key == "metrics":
+                continue
+            if key in merged and not deep_equal(merged[key], value):
+                raise InvalidDataError(
+                    f"Conflicting values for meta_info key {key!r}: {merged[key]!r} vs {value!r}; the parts must "
+                    "agree on every meta_info key except 'metrics'"
+                )
+            merged.setdefault(key, value)
+    metrics = _merge_metrics([part.get("metrics") for part in parts])
+    if metrics:
+        merged["metrics"] = metrics
     return merged
 
 
@@ -100,6 +131,32 @@ def _as_index_tensor(idxs: Any, length: int) -> torch.Tensor:
     return torch.where(idx < 0, idx + length, idx)
 
 
+def _split_columns(key: str, value: Any, n_split: int) -> Any:
+    """``value`` of shape ``(rows, cols, ...)`` as ``(rows * n_split, cols // n_split, ...)`` (tensor or array)."""
+    if value.ndim < 2 or value.shape[1] % n_split:
+        raise InvalidDataError(
+            f"unfold_column_chunks: {key!r} of shape {tuple(value.shape)} has no dim 1 that splits into {n_split} "
+            "equal chunks"
+        )
+    return value.reshape(value.shape[0] * n_split, value.shape[1] // n_split, *value.shape[2:])
+
+
+def _as_table(key: str, value: np.ndarray) -> np.ndarray:
+    """A non-tensor column as an array of at least 2 dims: kept when it has them, else one row per sequence."""
+    if value.ndim >= 2:
+        return value
+    lengths = {len(row) if isinstance(row, Sequence | np.ndarray) and not isinstance(row, str) else -1 for row in value}
+    if -1 in lengths or len(lengths) > 1:
+        raise InvalidDataError(
+            f"unfold_column_chunks: non-tensor {key!r} needs one sequence of the same length per row to split its "
+            "columns"
+        )
+    table = np.empty((len(value), lengths.pop() if lengths else 0), dtype=object)
+    for i, row in enumerate(value):
+        table[i, :] = list(row)
+    return table
+
+
 @dataclass
 class DataProtoItem:
     """One row of a `DataProto` (``DataProto[i]``)."""
@@ -118,6 +175,10 @@ class DataProto:
     meta_info: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.non_tensor_batch is None:
+            self.non_tensor_batch = {}
+        if self.meta_info is None:
+            self.meta_info = {}
         self.check_consistency()
 
     # ------------------------------------------------------------------ construction
@@ -133,15 +194,18 @@ class DataProto:
         """Build from a dict of tensors sharing their leading ``num_batch_dims`` dims, plus per-row non-tensors."""
         tensors = tensors or {}
         non_tensors = non_tensors or {}
-        if num_batch_dims <= 0:
-            raise ValueError(f"num_batch_dims must be positive, got {num_batch_dims}")
+        if num_batch_dims != 1:
+            raise InvalidDataError(
+                f"DataProto has exactly one batch dimension, got num_batch_dims={num_batch_dims}; keep the extra "
+                "dimensions inside the tensors (fold_batch_dim does that)"
+            )
         if not tensors and not non_tensors:
             raise ValueError("DataProto.from_dict needs at least one tensor or non-tensor entry")
         batch = None
         if tensors:
             shapes = {k: tuple(v.shape[:num_batch_dims]) for k, v in tensors.items()}
             if len(set(shapes.values())) > 1:
-                raise ValueError(f"tensors disagree on their leading {num_batch_dims} batch dim(s): {shapes}")
+                raise InvalidDataError(f"tensors disagree on their leading 1 batch dim: {shapes}")
             batch = TensorDict(source=dict(tensors), batch_size=next(iter(shapes.values())))
         meta_info = dict(meta_info or {})
         if auto_padding:
@@ -200,24 +264,26 @@ class DataProto:
 
     # ------------------------------------------------------------------ invariants
     def check_consistency(self) -> None:
-        """Raise if tensors and non-tensors disagree on the number of rows, or non-tensors are not 1-D arrays."""
-        if self.batch is not None and len(self.batch.batch_size) == 0:
-            raise ValueError("DataProto.batch must have at least one batch dimension")
+        """Raise if the batch has other than one batch dimension, non-tensors are not numpy arrays (of at least one
+        dimension, the row), or tensors and non-tensors disagree on the number of rows."""
+        if self.batch is not None and len(self.batch.batch_size) != 1:
+            raise InvalidDataError(
+                f"DataProto.batch must have exactly one batch dimension (the row), got batch_size "
+                f"{list(self.batch.batch_size)}"
+            )
         for key, value in self.non_tensor_batch.items():
-            if not isinstance(value, np.ndarray):
+            if not isinstance(value, np.ndarray) or value.ndim == 0:
                 raise TypeError(
-                    f"non_tensor_batch[{key!r}] must be a numpy array (e.g. np.array(values, dtype=object)), "
-                    f"got {type(value).__name__}"
+                    f"non_tensor_batch[{key!r}] must be a numpy array with one entry per row (e.g. "
+                    f"np.array(values, dtype=object)), got {type(value).__name__}"
                 )
         if not self.non_tensor_batch:
             return
-        if self.batch is not None and len(self.batch.batch_size) != 1:
-            raise ValueError("non_tensor_batch requires a batch with exactly one batch dimension")
         lengths = {key: len(value) for key, value in self.non_tensor_batch.items()}
         expected = self.batch.batch_size[0] if self.batch is not None else next(iter(lengths.values()))
         wrong = {k: n for k, n in lengths.items() if n != expected}
         if wrong:
-            raise ValueError(f"non_tensor_batch lengths {wrong} do not match the batch size {expected}")
+            raise InvalidDataError(f"non_tensor_batch lengths {wrong} do not match the batch size {expected}")
 
     def __len__(self) -> int:
         if self.batch is not None:
@@ -339,17 +405,11 @@ class DataProto:
         """Merge ``other``'s keys into self (in place; returns self). Keys present in both must be equal, except
         ``meta_info["metrics"]``, whose dicts of lists are merged as in :meth:`concat`."""
         if len(self) != len(other) and (self.batch is not None or self.non_tensor_batch):
-            raise ValueError(f"cannot union DataProtos of {len(self)} and {len(other)} rows")
+            raise InvalidDataError(f"cannot union DataProtos of {len(self)} and {len(other)} rows")
         if other.batch is not None:
             self.batch = other.batch if self.batch is None else union_tensor_dict(self.batch, other.batch)
         self.non_tensor_batch = union_numpy_dict(self.non_tensor_batch, other.non_tensor_batch)
-        metrics = _merge_metrics([self.meta_info.get("metrics", {}), other.meta_info.get("metrics", {})])
-        self.meta_info = union_two_dict(
-            {k: v for k, v in self.meta_info.items() if k != "metrics"},
-            {k: v for k, v in other.meta_info.items() if k != "metrics"},
-        )
-        if metrics:
-            self.meta_info["metrics"] = metrics
+        self.meta_info = _merge_meta([self.meta_info, other.meta_info])
         return self
 
     # ------------------------------------------------------------------ splitting and joining
@@ -359,7 +419,7 @@ class DataProto:
         Without auto-padding the row count must divide evenly; with it, pieces follow ``torch.chunk``'s sizes.
         """
         if not self.is_padding_enabled() and len(self) % chunks != 0:
-            raise ValueError(
+            raise InvalidDataError(
                 f"cannot chunk a DataProto of {len(self)} rows into {chunks} equal parts; pad it first "
                 "(pad_dataproto_to_divisor) or enable auto-padding (DataProtoConfig.auto_padding = True)"
             )
@@ -379,8 +439,9 @@ class DataProto:
 
     @staticmethod
     def concat(data: list[DataProto]) -> DataProto:
-        """Join DataProtos row-wise. Their ``meta_info["metrics"]`` are merged into one dict of lists; other
-        meta_info keys must agree."""
+        """Join DataProtos row-wise. Their ``meta_info["metrics"]`` (each a dict or a list of dicts) are merged into
+        one dict of lists; every other meta_info key is kept, and one present in several parts must hold equal
+        values there (`InvalidDataError` naming it)."""
         if not data:
             raise ValueError("DataProto.concat needs at least one DataProto")
         kinds = {d.batch is None for d in data}
@@ -391,12 +452,7 @@ class DataProto:
             raise ValueError(f"cannot concat DataProtos with different non-tensor keys: {sorted(key_sets)}")
         batch = None if data[0].batch is None else torch.cat([d.batch for d in data], dim=0)
         non_tensor = {k: np.concatenate([d.non_tensor_batch[k] for d in data]) for k in data[0].non_tensor_batch}
-        meta: dict = {}
-        for d in data:
-            union_two_dict(meta, {k: v for k, v in d.meta_info.items() if k != "metrics"})
-        metrics = _merge_metrics([d.meta_info.get("metrics", {}) for d in data])
-        if metrics:
-            meta["metrics"] = metrics
+        meta = _merge_meta([d.meta_info for d in data])
         return type(data[0])(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
 
     def reorder(self, indices: torch.Tensor) -> None:
@@ -422,27 +478,33 @@ class DataProto:
         return self._take(torch.arange(len(self)).repeat_interleave(counts))
 
     def unfold_column_chunks(self, n_split: int, split_keys: Sequence[str] | None = None) -> DataProto:
-        """Move ``n_split`` chunks of dim 1 of ``split_keys`` into the batch dim; other keys are repeated."""
+        """Cut dim 1 of each ``split_keys`` entry into ``n_split`` column chunks moved into the row dimension
+        (row ``i`` becomes rows ``i*n_split ... i*n_split + n_split - 1``); every other key is repeated to match.
+
+        A split non-tensor key is read as a table: a numpy array of at least 2 dims, or one sequence per row, all of
+        one length; the result is an object array of shape ``(rows * n_split, columns // n_split, ...)``.
+        """
         split_keys = list(split_keys or [])
-        if self.batch is None:
-            raise ValueError("unfold_column_chunks needs a tensor batch")
-        tensors = {}
-        for key, value in self.batch.items():
-            if key in split_keys:
-                if value.dim() < 2 or value.shape[1] % n_split:
-                    raise ValueError(f"{key!r} dim 1 ({tuple(value.shape)}) does not split into {n_split} chunks")
-                tensors[key] = value.reshape(value.shape[0] * n_split, value.shape[1] // n_split, *value.shape[2:])
-            else:
-                tensors[key] = value.repeat_interleave(n_split, dim=0)
+        if n_split <= 0:
+            raise InvalidDataError(f"unfold_column_chunks: n_split must be positive, got {n_split}")
+        known = set(self.batch.keys() if self.batch is not None else []) | set(self.non_tensor_batch)
+        self._check_keys("split", split_keys, known)
+        batch = None
+        if self.batch is not None:
+            tensors = {}
+            for key, value in self.batch.items():
+                if key in split_keys:
+                    tensors[key] = _split_columns(key, value, n_split)
+                else:
+                    tensors[key] = value.repeat_interleave(n_split, dim=0)
+            batch = TensorDict(tensors, batch_size=[len(self) * n_split], device=self.batch.device)
         non_tensor = {}
         for key, value in self.non_tensor_batch.items():
             if key in split_keys:
-                non_tensor[key] = as_object_array(
-                    [part for row in value for part in np.array_split(np.asarray(row), n_split)]
-                )
+                non_tensor[key] = _split_columns(key, _as_table(key, value), n_split)
             else:
                 non_tensor[key] = np.repeat(value, n_split, axis=0)
-        return type(self).from_dict(tensors, non_tensor, dict(self.meta_info))
+        return type(self)(batch=batch, non_tensor_batch=non_tensor, meta_info=dict(self.meta_info))
 
     def padding(self, padding_size: int, padding_candidate: str = "") -> None:
         """Append ``padding_size`` copies of the first (``"first"``) or last (default) row, in place."""
@@ -537,54 +599,3 @@ class DataProto:
             tensor_bytes / 2**20,
             numpy_bytes / 2**20,
         )
-
-
-@dataclass
-class DataProtoFuture:
-    """A not-yet-materialized DataProto made of Ray object refs (output of one worker group, input of another).
-
-    ``get()`` fetches the refs, joins them with ``collect_fn`` and applies ``dispatch_fn`` (e.g. take chunk ``i``).
-    """
-
-    collect_fn: Callable
-    futures: list
-    dispatch_fn: Callable | None = None
-
-    @staticmethod
-    def concat(data: list) -> DataProtoFuture:
-        """A future that concatenates the DataProtos behind ``data`` (a list of Ray ObjectRefs)."""
-        return DataProtoFuture(collect_fn=DataProto.concat, futures=list(data))
-
-    def chunk(self, chunks: int) -> list[DataProtoFuture]:
-        """``chunks`` futures; future ``i`` materializes to ``self.get().chunk(chunks)[i]``."""
-        return [
-            DataProtoFuture(
-                collect_fn=self.collect_fn,
-                futures=self.futures,
-                dispatch_fn=_ChunkSelector(chunks, i, self.dispatch_fn),
-            )
-            for i in range(chunks)
-        ]
-
-    def get(self) -> DataProto:
-        """Fetch, join and select."""
-        import ray
-
-        output = self.collect_fn(ray.get(self.futures))
-        if self.dispatch_fn is not None:
-            output = self.dispatch_fn(output)
-        return output
-
-
-@dataclass(frozen=True)
-class _ChunkSelector:
-    """Picklable ``lambda x: x.chunk(chunks)[index]`` (after an optional earlier selection)."""
-
-    chunks: int
-    index: int
-    previous: Callable | None = None
-
-    def __call__(self, data: DataProto) -> DataProto:
-        if self.previous is not None:
-            data = self.previous(data)
-        return data.chunk(self.chunks)[self.index]

@@ -12,6 +12,7 @@ import torch
 from tensordict import TensorDict
 
 from verl.protocol.core import DataProto, DataProtoItem
+from verl.utils.errors import InvalidDataError
 from verl.utils.tensordict_utils import as_object_array
 
 __all__ = [
@@ -57,30 +58,37 @@ def unpad_dataproto(data: DataProto, pad_size: int) -> DataProto:
 
 
 def fold_batch_dim(data: DataProto, new_batch_size: int) -> DataProto:
-    """Reshape ``[B, ...]`` into ``[new_batch_size, B // new_batch_size, ...]`` (tensors and non-tensors)."""
+    """Group consecutive rows: ``[B, ...]`` becomes ``new_batch_size`` rows of ``[B // new_batch_size, ...]``
+    (tensors and non-tensors alike; the batch keeps its one batch dimension)."""
     total = len(data)
     if new_batch_size <= 0 or total % new_batch_size:
-        raise ValueError(f"fold_batch_dim: {total} rows do not fold into a first dim of {new_batch_size}")
+        raise InvalidDataError(f"fold_batch_dim: {total} rows do not fold into a first dim of {new_batch_size}")
     inner = total // new_batch_size
     batch = None
     if data.batch is not None:
-        batch = data.batch.view(new_batch_size, inner)
+        tensors = {k: v.reshape(new_batch_size, inner, *v.shape[1:]) for k, v in data.batch.items()}
+        batch = TensorDict(tensors, batch_size=[new_batch_size], device=data.batch.device)
     non_tensor = {k: v.reshape(new_batch_size, inner, *v.shape[1:]) for k, v in data.non_tensor_batch.items()}
-    out = DataProto(batch=batch, meta_info=data.meta_info)
-    out.non_tensor_batch = non_tensor  # 2-D arrays: set after the 1-D consistency check on purpose
-    return out
+    return type(data)(batch=batch, non_tensor_batch=non_tensor, meta_info=data.meta_info)
 
 
 def unfold_batch_dim(data: DataProto, batch_dims: int = 2) -> DataProto:
-    """Inverse of :func:`fold_batch_dim`: flatten the first ``batch_dims`` dims back into one."""
+    """Inverse of :func:`fold_batch_dim`: the first ``batch_dims`` dims of every entry become the rows."""
+    if batch_dims < 1:
+        raise InvalidDataError(f"unfold_batch_dim: batch_dims must be >= 1, got {batch_dims}")
     batch = None
     if data.batch is not None:
-        batch = data.batch.view(-1) if batch_dims > 1 else data.batch
+        leading = {k: tuple(v.shape[:batch_dims]) for k, v in data.batch.items()}
+        if len(set(leading.values())) > 1:
+            raise InvalidDataError(f"unfold_batch_dim: tensors disagree on their first {batch_dims} dims: {leading}")
+        rows = int(np.prod(next(iter(leading.values())))) if leading else len(data)
+        tensors = {k: v.reshape(-1, *v.shape[batch_dims:]) for k, v in data.batch.items()}
+        batch = TensorDict(tensors, batch_size=[rows], device=data.batch.device)
     non_tensor = {}
     for key, value in data.non_tensor_batch.items():
         flat = value.reshape(-1, *value.shape[batch_dims:])
         non_tensor[key] = as_object_array(list(flat)) if flat.ndim > 1 else flat
-    return DataProto(batch=batch, non_tensor_batch=non_tensor, meta_info=data.meta_info)
+    return type(data)(batch=batch, non_tensor_batch=non_tensor, meta_info=data.meta_info)
 
 
 def collate_fn(x: list[DataProtoItem]) -> DataProto:

@@ -21,6 +21,8 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from verl.utils.errors import InvalidDataError
+
 __all__ = [
     "cpu_threads_per_worker",
     "init_ray_for_workers",
@@ -90,12 +92,12 @@ def ray_noset_visible_devices(env_vars: Mapping[str, str] | None = None) -> bool
 
 def parallel_put(data_list: Sequence[Any], max_workers: int | None = None) -> list[Any]:
     """``ray.put`` every item of ``data_list`` from a thread pool (default ``min(len, 16)`` threads); returns the
-    object refs in the order of ``data_list``."""
+    object refs in the order of ``data_list``. An empty ``data_list`` raises `InvalidDataError`."""
     import ray
 
     items = list(data_list)
     if not items:
-        raise ValueError("parallel_put: data_list is empty")
+        raise InvalidDataError("parallel_put: data_list is empty")
     if max_workers is None:
         max_workers = min(len(items), 16)
     if max_workers < 1:

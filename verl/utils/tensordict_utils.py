@@ -19,6 +19,8 @@ import numpy as np
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict
 
+from verl.utils.errors import InvalidDataError
+
 __all__ = [
     "as_object_array",
     "assert_tensordict_eq",
@@ -34,6 +36,7 @@ __all__ = [
     "get_keys",
     "get_non_tensor_data",
     "get_tensordict",
+    "InvalidDataError",
     "index_select_tensor_dict",
     "make_iterator",
     "nested_tensor_from_tensor_list",
@@ -67,26 +70,47 @@ def as_object_array(values: Iterable[Any] | np.ndarray) -> np.ndarray:
     return out
 
 
-def deep_equal(a: Any, b: Any) -> bool:
-    """Structural equality that understands tensors and numpy arrays nested in dicts, lists and tuples."""
-    if a is b:
+def _both_nan(a: Any, b: Any) -> bool:
+    return isinstance(a, float | np.floating) and isinstance(b, float | np.floating) and a != a and b != b
+
+
+def deep_equal(a: Any, b: Any, _seen: set[tuple[int, int]] | None = None) -> bool:
+    """Structural equality that understands tensors and numpy arrays nested in dicts, lists and tuples.
+
+    NaNs in the same place are equal (a value copied from one batch to another stays equal to itself), and a
+    structure that contains itself (an object array holding itself) is compared without endless recursion.
+    """
+    if a is b or _both_nan(a, b):
         return True
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (
-            isinstance(a, torch.Tensor)
-            and isinstance(b, torch.Tensor)
-            and a.shape == b.shape
-            and a.dtype == b.dtype
-            and bool(torch.equal(a.cpu(), b.cpu()))
-        )
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return False
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        a, b = a.cpu(), b.cpu()
+        if a.is_floating_point() or a.is_complex():
+            return bool(
+                torch.equal(a, b) or torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
+            )
+        return bool(torch.equal(a, b))
+    seen = set() if _seen is None else _seen
+    pair = (id(a), id(b))
+    if pair in seen:  # already being compared further up: a cycle, equal so far
+        return True
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)) or a.shape != b.shape:
             return False
-        return all(deep_equal(x, y) for x, y in zip(a.ravel().tolist(), b.ravel().tolist()))
+        if a.dtype != object and b.dtype != object:
+            numeric = a.dtype.kind in "fc" and b.dtype.kind in "fc"
+            return bool(np.array_equal(a, b, equal_nan=numeric))
+        seen.add(pair)
+        return all(deep_equal(x, y, seen) for x, y in zip(a.ravel().tolist(), b.ravel().tolist()))
     if isinstance(a, Mapping) and isinstance(b, Mapping):
-        return a.keys() == b.keys() and all(deep_equal(a[k], b[k]) for k in a)
+        seen.add(pair)
+        return a.keys() == b.keys() and all(deep_equal(a[k], b[k], seen) for k in a)
     if isinstance(a, list | tuple) and isinstance(b, list | tuple):
-        return type(a) is type(b) and len(a) == len(b) and all(deep_equal(x, y) for x, y in zip(a, b))
+        seen.add(pair)
+        return type(a) is type(b) and len(a) == len(b) and all(deep_equal(x, y, seen) for x, y in zip(a, b))
     try:
         result = a == b
         return bool(result)
@@ -95,21 +119,30 @@ def deep_equal(a: Any, b: Any) -> bool:
 
 
 def union_two_dict(dict1: dict, dict2: Mapping) -> dict:
-    """Add ``dict2``'s entries to ``dict1`` (in place, returned); a key present in both must hold equal values."""
+    """Add ``dict2``'s entries to ``dict1`` (in place, returned); a key present in both must hold equal values
+    (`InvalidDataError` otherwise)."""
     for key, value in dict2.items():
         if key in dict1 and not deep_equal(dict1[key], value):
-            raise ValueError(f"cannot union: key {key!r} holds different values ({dict1[key]!r} vs {value!r})")
+            raise InvalidDataError(
+                f"Conflicting values for key {key!r}: {_short(dict1[key])} vs {_short(value)}; cannot union"
+            )
         dict1[key] = value
     return dict1
 
 
-def union_tensor_dict(tensor_dict1: TensorDict, tensor_dict2: TensorDict) -> TensorDict:
-    """Add ``tensor_dict2``'s tensors to ``tensor_dict1`` (in place, returned).
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
-    Both must have the same batch size; a key present in both must hold equal tensors.
+
+def union_tensor_dict(tensor_dict1: TensorDict, tensor_dict2: TensorDict) -> TensorDict:
+    """Add ``tensor_dict2``'s entries to ``tensor_dict1`` (in place, returned).
+
+    Both must have the same batch size; a key present in both must hold equal values (`InvalidDataError`
+    otherwise).
     """
     if tensor_dict1.batch_size != tensor_dict2.batch_size:
-        raise ValueError(
+        raise InvalidDataError(
             f"cannot union TensorDicts of batch sizes {list(tensor_dict1.batch_size)} and "
             f"{list(tensor_dict2.batch_size)}"
         )
@@ -117,18 +150,25 @@ def union_tensor_dict(tensor_dict1: TensorDict, tensor_dict2: TensorDict) -> Ten
         value = tensor_dict2.get(key)  # keeps NonTensorData / NonTensorStack wrappers
         if key in tensor_dict1.keys():
             if not deep_equal(_plain(tensor_dict1.get(key)), _plain(value)):
-                raise ValueError(f"cannot union: batch key {key!r} holds different values in the two batches")
+                raise InvalidDataError(
+                    f"`{key}` in tensor_dict1 and tensor_dict2 are not the same object: batch key {key!r} holds "
+                    "different values in the two batches; cannot union"
+                )
             continue
         tensor_dict1[key] = value
     return tensor_dict1
 
 
 def union_numpy_dict(tensor_dict1: dict[str, np.ndarray], tensor_dict2: Mapping[str, np.ndarray]) -> dict:
-    """Add ``tensor_dict2``'s arrays to ``tensor_dict1`` (in place, returned); shared keys must hold equal arrays."""
+    """Add ``tensor_dict2``'s arrays to ``tensor_dict1`` (in place, returned); shared keys must hold equal arrays
+    (NaNs in the same places count as equal; `InvalidDataError` otherwise)."""
     for key, value in tensor_dict2.items():
         if key in tensor_dict1:
-            if len(tensor_dict1[key]) != len(value) or not deep_equal(tensor_dict1[key], value):
-                raise ValueError(f"cannot union: non-tensor key {key!r} holds different values in the two batches")
+            if not deep_equal(tensor_dict1[key], value):
+                raise InvalidDataError(
+                    f"`{key}` in tensor_dict1 and tensor_dict2 are not the same object: non-tensor key {key!r} "
+                    "holds different values in the two batches; cannot union"
+                )
             continue
         tensor_dict1[key] = value
     return tensor_dict1
@@ -192,10 +232,12 @@ def _require_tensordict(tensor_dict: Any, arg: str = "tensor_dict") -> None:
 def nested_tensor_from_tensor_list(tensors: Sequence[torch.Tensor], ragged_idx: int | None = None) -> torch.Tensor:
     """A jagged nested tensor of ``tensors`` (which may differ only in their last dimension)."""
     if not tensors:
-        raise ValueError("nested_tensor_from_tensor_list needs at least one tensor")
+        raise InvalidDataError("nested_tensor_from_tensor_list needs at least one tensor")
     dim = tensors[0].dim()
     if ragged_idx is not None and ragged_idx != dim:
-        raise ValueError(f"only a ragged last dimension is supported: ragged_idx={ragged_idx}, components have {dim}")
+        raise InvalidDataError(
+            f"only a ragged last dimension is supported: ragged_idx={ragged_idx}, components have {dim}"
+        )
     if dim == 1:
         return torch.nested.as_nested_tensor(list(tensors), layout=torch.jagged)
     lengths = torch.tensor([t.shape[-1] for t in tensors], dtype=torch.long, device=tensors[0].device)
@@ -254,17 +296,19 @@ def get_tensordict(tensor_dict: Mapping[str, Any], non_tensor_dict: Mapping[str,
             rows = len(val)
         elif isinstance(val, torch.Tensor):
             if val.is_nested and (val.layout != torch.jagged or not val.is_contiguous()):
-                raise ValueError(f"get_tensordict: nested tensor {key!r} must be contiguous with layout=torch.jagged")
+                raise InvalidDataError(
+                    f"get_tensordict: nested tensor {key!r} must be contiguous with layout=torch.jagged"
+                )
             rows = val.size(0)
         else:
             raise TypeError(f"get_tensordict: {key!r} must be a tensor or a list, got {type(val).__name__}")
         if batch_size is not None and rows != batch_size:
-            raise ValueError(f"get_tensordict: {key!r} has {rows} rows, other entries have {batch_size}")
+            raise InvalidDataError(f"get_tensordict: {key!r} has {rows} rows, other entries have {batch_size}")
         batch_size = rows
         source[key] = val
     for key, val in (non_tensor_dict or {}).items():
         if key in source:
-            raise ValueError(f"get_tensordict: key {key!r} is both in tensor_dict and non_tensor_dict")
+            raise InvalidDataError(f"get_tensordict: key {key!r} is both in tensor_dict and non_tensor_dict")
         source[key] = NonTensorData(val)
     return TensorDict(source, batch_size=[] if batch_size is None else [batch_size])
 
@@ -314,24 +358,48 @@ def concat_nested_tensors(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return nested_tensor_from_tensor_list(rows, ragged_idx=tensors[0].dim() - 1)
 
 
+def _shared_values(data: Sequence[TensorDict]) -> dict[str, NonTensorData]:
+    """The shared (``NonTensorData``) entries of ``data``, which must be the same keys with equal values in every
+    TensorDict (`InvalidDataError` naming the key otherwise: keeping one of differing values would drop the
+    others)."""
+    shared = {k: v for k, v in data[0].items() if isinstance(v, NonTensorData)}
+    for i, td in enumerate(data[1:], start=1):
+        other = {k: v for k, v in td.items() if isinstance(v, NonTensorData)}
+        if other.keys() != shared.keys():
+            raise InvalidDataError(
+                f"concat_tensordict: TensorDict {i} has shared (NonTensorData) keys {sorted(other)}, the first has "
+                f"{sorted(shared)}"
+            )
+        for key, value in other.items():
+            if not deep_equal(shared[key].data, value.data):
+                raise InvalidDataError(
+                    f"concat_tensordict: shared (NonTensorData) key {key!r} holds {_short(shared[key].data)} in "
+                    f"TensorDict 0 but {_short(value.data)} in TensorDict {i}; a shared value must agree across the "
+                    "parts (store one value per row with assign_non_tensor_stack to keep them all)"
+                )
+    return shared
+
+
 def concat_tensordict(data: Sequence[TensorDict]) -> TensorDict:
-    """Concatenate TensorDicts along dim 0 (nested tensors included). TensorDicts without a batch dimension (only
-    shared values) give the first one."""
+    """Concatenate TensorDicts along dim 0 (nested tensors and per-row objects included). Shared
+    (``NonTensorData``) values must be equal in every part and are kept once; TensorDicts without a batch dimension
+    (only shared values) give the first one."""
     if not data:
-        raise ValueError("concat_tensordict needs at least one TensorDict")
+        raise InvalidDataError("concat_tensordict needs at least one TensorDict")
+    shared = _shared_values(data)
     first = data[0]
     if len(first.batch_size) == 0:
         return first
     nested = {k for k, v in first.items() if _is_nested(v)}
-    if not nested:
-        return torch.cat(list(data), dim=0)
     for i, td in enumerate(data):
         if {k for k, v in td.items() if _is_nested(v)} != nested:
-            raise ValueError(f"concat_tensordict: TensorDict {i} has different nested-tensor keys than the first")
-    regular = [td.exclude(*nested) for td in data]
+            raise InvalidDataError(f"concat_tensordict: TensorDict {i} has different nested-tensor keys than the first")
+    regular = [td.exclude(*nested, *shared) for td in data]
     out = torch.cat(regular, dim=0)
     for key in nested:
         out[key] = concat_nested_tensors([td[key] for td in data])
+    for key, value in shared.items():
+        out[key] = NonTensorData(value.data)
     return out
 
 
@@ -339,7 +407,7 @@ def chunk_tensordict(td: TensorDict, chunks: int) -> list[TensorDict]:
     """Split ``td`` into ``chunks`` equal TensorDicts along dim 0 (its length must divide evenly)."""
     _require_tensordict(td, "td")
     if chunks <= 0 or len(td) % chunks:
-        raise ValueError(f"chunk_tensordict: {len(td)} rows do not split into {chunks} equal chunks")
+        raise InvalidDataError(f"chunk_tensordict: {len(td)} rows do not split into {chunks} equal chunks")
     nested = {k for k, v in td.items() if _is_nested(v)}
     parts = list(td.exclude(*nested).chunk(chunks, dim=0)) if nested else list(td.chunk(chunks, dim=0))
     size = len(td) // chunks
@@ -357,7 +425,7 @@ def index_select_tensor_dict(batch: TensorDict | None, indices: torch.Tensor | S
         return None
     index = torch.as_tensor(indices, dtype=torch.long) if not isinstance(indices, torch.Tensor) else indices
     if index.dim() != 1:
-        raise ValueError(f"index_select_tensor_dict: indices must be 1-D, got shape {tuple(index.shape)}")
+        raise InvalidDataError(f"index_select_tensor_dict: indices must be 1-D, got shape {tuple(index.shape)}")
     source: dict[str, Any] = {}
     for key, value in batch.items():
         if _is_nested(value):
@@ -383,7 +451,7 @@ def make_iterator(
 
     total = tensordict.batch_size[0]
     if mini_batch_size <= 0 or total % mini_batch_size:
-        raise ValueError(f"make_iterator: {total} rows do not split into mini-batches of {mini_batch_size}")
+        raise InvalidDataError(f"make_iterator: {total} rows do not split into mini-batches of {mini_batch_size}")
     generator = None
     if seed is not None:
         generator = torch.Generator()
@@ -418,7 +486,7 @@ def pad_to_divisor(data: TensorDict, size_divisor: int) -> tuple[TensorDict, int
     TensorDict and the number of rows added."""
     _require_tensordict(data, "data")
     if size_divisor <= 0:
-        raise ValueError(f"pad_to_divisor: size_divisor must be positive, got {size_divisor}")
+        raise InvalidDataError(f"pad_to_divisor: size_divisor must be positive, got {size_divisor}")
     if len(data) == 0:
         logger.warning("pad_to_divisor: nothing to pad in an empty TensorDict")
         return data, 0
