@@ -14,7 +14,10 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from verl.protocol import DataProto, DataProtoFuture
+from tensordict import TensorDict
+
+from verl.protocol import DataProto, DataProtoConfig, DataProtoFuture
+from verl.utils.tensordict_utils import chunk_tensordict, concat_tensordict, pad_to_divisor
 
 __all__ = [
     "MAGIC_ATTR",
@@ -169,17 +172,28 @@ def collect_dp_compute(worker_group, output):
     return output
 
 
+def _is_batch(value: Any) -> bool:
+    return isinstance(value, DataProto) or (isinstance(value, TensorDict) and len(value.batch_size) > 0)
+
+
+def _padding_enabled(value: DataProto | TensorDict) -> bool:
+    return value.is_padding_enabled() if isinstance(value, DataProto) else DataProtoConfig.auto_padding
+
+
 def _split_data(worker_group, chunks: int, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """Chunk every DataProto / DataProtoFuture argument into ``chunks`` pieces (padding where enabled);
-    other arguments are broadcast. Adds ``PADDING_SIZE_KEY`` to kwargs when rows were padded."""
-    sizes = {len(v) for v in [*args, *kwargs.values()] if isinstance(v, DataProto)}
+    """Chunk every DataProto / TensorDict / DataProtoFuture argument into ``chunks`` pieces along the rows (padding
+    where enabled: a DataProto's own flag or ``DataProtoConfig.auto_padding``, the latter alone for a TensorDict);
+    other arguments (and TensorDicts without a batch dimension) are broadcast. Adds ``PADDING_SIZE_KEY`` to kwargs
+    when rows were padded."""
+    batches = [v for v in [*args, *kwargs.values()] if _is_batch(v)]
+    sizes = {len(v) for v in batches}
     if len(sizes) > 1:
-        raise ValueError(f"DataProto arguments have different row counts {sorted(sizes)}; they cannot be split alike")
+        raise ValueError(f"batch arguments have different row counts {sorted(sizes)}; they cannot be split alike")
     pad = 0
     if sizes:
         rows = sizes.pop()
         if rows % chunks:
-            enabled = all(v.is_padding_enabled() for v in [*args, *kwargs.values()] if isinstance(v, DataProto))
+            enabled = all(_padding_enabled(v) for v in batches)
             if not enabled:
                 raise ValueError(
                     f"a batch of {rows} rows does not divide among the {chunks} data-parallel ranks of worker group "
@@ -194,6 +208,10 @@ def _split_data(worker_group, chunks: int, args: tuple, kwargs: dict) -> tuple[t
                 value = DataProto(value.batch, dict(value.non_tensor_batch), dict(value.meta_info))
                 value.padding(pad)
             return value.chunk(chunks)
+        if _is_batch(value):  # a TensorDict
+            if pad:
+                value, _ = pad_to_divisor(value, chunks)
+            return chunk_tensordict(value, chunks)
         if isinstance(value, DataProtoFuture):
             return value.chunk(chunks)
         return [value] * chunks
@@ -219,18 +237,20 @@ def dispatch_dp_compute_data_proto_with_func(worker_group, func, *args, **kwargs
 
 
 def collect_dp_compute_data_proto(worker_group, output):
-    """Concatenate the ranks' DataProtos (or, when not yet fetched, build a DataProtoFuture over the refs)."""
+    """Concatenate the ranks' DataProtos or TensorDicts (or, when not yet fetched, build a DataProtoFuture over the
+    refs)."""
     import ray
 
     if all(isinstance(o, ray.ObjectRef) for o in output):
         return DataProtoFuture.concat(output)
+    kind = DataProto if output and isinstance(output[0], DataProto) else TensorDict
     for rank, o in enumerate(output):
-        if not isinstance(o, DataProto):
+        if not isinstance(o, kind):
             raise TypeError(
                 f"rank {rank} of worker group {_group_label(worker_group)!r} returned "
-                f"{type(o).__name__}, expected a DataProto"
+                f"{type(o).__name__}, expected a DataProto or TensorDict like rank 0"
             )
-    return DataProto.concat(list(output))
+    return DataProto.concat(list(output)) if kind is DataProto else concat_tensordict(list(output))
 
 
 def dispatch_rank_zero(worker_group, *args, **kwargs):

@@ -171,9 +171,11 @@ def _make_group_method(
 
 
 def _strip_padding(output: Any, padding: int) -> Any:
+    from tensordict import TensorDict
+
     from verl.protocol import DataProto, DataProtoFuture, unpad_dataproto
 
-    if isinstance(output, DataProto):
+    if isinstance(output, DataProto | TensorDict):
         return unpad_dataproto(output, padding)
     if isinstance(output, DataProtoFuture):
         return DataProtoFuture(output.collect_fn, output.futures, _Unpad(padding, output.dispatch_fn))

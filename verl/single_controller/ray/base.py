@@ -40,6 +40,18 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+# The environment variables a worker group sets for each of its actors (``worker_env`` may not override them).
+GROUP_ENV_VARS = (
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_WORLD_SIZE",
+    "RAY_LOCAL_WORLD_SIZE",
+    "LOCAL_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WG_PREFIX",
+    "WG_BACKEND",
+)
 DEFAULT_PLACEMENT_GROUP_TIMEOUT_S = float(os.getenv("VERL_PLACEMENT_GROUP_TIMEOUT_S", "60"))
 
 
@@ -352,6 +364,8 @@ class RayWorkerGroup(WorkerGroup):
         name_prefix: prefix of the actor names (random when not given); also names the group in errors.
         detached: start detached actors (they outlive the driver).
         worker_names / worker_handles: wrap existing actors instead of starting new ones.
+        worker_env: extra environment variables for every actor started; one that the group sets itself
+            (``WORLD_SIZE``, ``RANK``, ``MASTER_ADDR``, ...) is refused with a ``ValueError`` naming it.
     """
 
     def __init__(
@@ -363,9 +377,19 @@ class RayWorkerGroup(WorkerGroup):
         detached: bool = False,
         worker_names: list[str] | None = None,
         worker_handles: list[Any] | None = None,
+        worker_env: dict[str, str] | None = None,
         **kwargs,
     ) -> None:
         name_prefix = name_prefix or f"wg_{uuid.uuid4().hex[:6]}"
+        self._worker_env = {str(k): str(v) for k, v in (worker_env or {}).items()}
+        if self._worker_env and (worker_handles is not None or worker_names is not None):
+            raise ValueError("worker_env applies to actors the group starts; it cannot be given with worker_handles")
+        clash = sorted(set(self._worker_env) & set(GROUP_ENV_VARS))
+        if clash:
+            raise ValueError(
+                f"worker_env of worker group {name_prefix!r} sets {clash}, which the group sets itself for each "
+                "rank; remove them from worker_env"
+            )
         super().__init__(resource_pool=resource_pool, name_prefix=name_prefix)
         if ray_cls_with_init is None:
             raise ValueError("RayWorkerGroup needs ray_cls_with_init (the worker class and its arguments)")
@@ -405,6 +429,8 @@ class RayWorkerGroup(WorkerGroup):
                 "WG_PREFIX": self.name_prefix,
                 "WG_BACKEND": "ray",
             }
+            assert set(env_vars) == set(GROUP_ENV_VARS), "GROUP_ENV_VARS must list the variables set here"
+            env_vars.update(self._worker_env)
             name = f"{self.name_prefix}{cls_with_init.user_cls.__name__}_{pg_idx}:{local_rank}"
             actor = cls_with_init(
                 pg,
