@@ -133,6 +133,7 @@ def main() -> None:
                 f"actor_rollout_ref.model.path={model}",
                 f"data.train_files={assets.train_files}",
                 f"data.val_files={assets.val_files}",
+                "algorithm.adv_estimator=grpo",
                 "data.train_batch_size=8",
                 "actor_rollout_ref.rollout.name=hf",
                 "actor_rollout_ref.rollout.n=4",
