@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "auto_set_device",
     "get_device_id",
     "get_device_name",
     "get_nccl_backend",
@@ -97,3 +98,14 @@ def set_expandable_segments(enable: bool) -> None:
     """Turn the CUDA caching allocator's expandable segments on or off (reduces fragmentation); no-op off CUDA."""
     if is_cuda_available():
         torch.cuda.memory._set_allocator_settings(f"expandable_segments:{bool(enable)}")
+
+
+def auto_set_device(config: Any) -> None:
+    """veRL's accelerator default: on an Ascend NPU, ``trainer.device`` becomes ``npu`` unless it is ``cpu``.
+    Anywhere else (CPU, CUDA) the config is left as it is."""
+    trainer = getattr(config, "trainer", None) if config is not None else None
+    if trainer is None or not hasattr(trainer, "device") or not is_npu_available():
+        return
+    if trainer.device not in ("cpu", "npu"):
+        logger.warning("trainer.device=%s on an Ascend NPU: set to npu", trainer.device)
+        trainer.device = "npu"

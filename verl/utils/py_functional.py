@@ -7,11 +7,21 @@ them, so a function written to veRL's documented signature works whatever extra 
 
 from __future__ import annotations
 
+import functools
 import inspect
+import multiprocessing
+import signal
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-__all__ = ["accepted_kwargs", "call_with_accepted_kwargs", "declared_parameters", "rejected_kwargs"]
+__all__ = [
+    "accepted_kwargs",
+    "append_to_dict",
+    "call_with_accepted_kwargs",
+    "declared_parameters",
+    "rejected_kwargs",
+    "timeout_limit",
+]
 
 _SIGNATURES: dict[int, tuple[Callable[..., Any], frozenset[str] | None]] = {}
 
@@ -56,3 +66,61 @@ def rejected_kwargs(fn: Callable[..., Any], keys: Iterable[str]) -> list[str]:
 def call_with_accepted_kwargs(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``fn(*args, **accepted_kwargs(fn, kwargs))``."""
     return fn(*args, **accepted_kwargs(fn, kwargs))
+
+
+def append_to_dict(data: dict[str, list[Any]], new_data: Mapping[str, Any], prefix: str = "") -> None:
+    """Append each value of ``new_data`` to the list at ``prefix + key`` in ``data`` (veRL's metric gathering)."""
+    for key, value in new_data.items():
+        data.setdefault(f"{prefix}{key}", []).append(value)
+
+
+def _run_and_put(func: Callable[..., Any], queue: Any, args: tuple, kwargs: dict) -> None:
+    try:
+        queue.put((True, func(*args, **kwargs)))
+    except BaseException as error:  # the caller re-raises it
+        queue.put((False, error))
+
+
+def timeout_limit(seconds: float, use_signals: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A decorator: the call raises ``TimeoutError`` (naming the function) after ``seconds``.
+
+    ``use_signals=True`` interrupts the call with ``SIGALRM`` (main thread only); otherwise the call runs in a
+    forked child process, killed at the deadline (its result and exceptions must pickle)."""
+
+    def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
+        name = getattr(func, "__qualname__", repr(func))
+
+        @functools.wraps(func)
+        def with_signal(*args: Any, **kwargs: Any) -> Any:
+            def expire(signum: int, frame: Any) -> None:
+                raise TimeoutError(f"{name} timed out after {seconds} s")
+
+            previous = signal.signal(signal.SIGALRM, expire)
+            signal.setitimer(signal.ITIMER_REAL, seconds)
+            try:
+                return func(*args, **kwargs)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, previous)
+
+        @functools.wraps(func)
+        def in_process(*args: Any, **kwargs: Any) -> Any:
+            context = multiprocessing.get_context("fork")
+            queue = context.Queue(maxsize=1)
+            child = context.Process(target=_run_and_put, args=(func, queue, args, kwargs), daemon=True)
+            child.start()
+            try:
+                ok, value = queue.get(timeout=seconds)
+            except Exception:  # queue.Empty: the deadline passed
+                raise TimeoutError(f"{name} timed out after {seconds} s") from None
+            finally:
+                if child.is_alive():
+                    child.kill()
+                child.join()
+            if not ok:
+                raise value
+            return value
+
+        return with_signal if use_signals else in_process
+
+    return decorator

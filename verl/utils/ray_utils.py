@@ -15,6 +15,7 @@ whether Ray was told to leave ``*_VISIBLE_DEVICES`` alone.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -25,6 +26,7 @@ from verl.utils.errors import InvalidDataError
 
 __all__ = [
     "cpu_threads_per_worker",
+    "get_event_loop",
     "init_ray_for_workers",
     "parallel_put",
     "ray_noset_visible_devices",
@@ -104,3 +106,14 @@ def parallel_put(data_list: Sequence[Any], max_workers: int | None = None) -> li
         raise ValueError(f"parallel_put: max_workers must be >= 1, got {max_workers}")
     with ThreadPoolExecutor(max_workers=max_workers) as pool:
         return list(pool.map(ray.put, items))
+
+
+def get_event_loop() -> asyncio.AbstractEventLoop:
+    """This thread's event loop, made and set when it has none (veRL's helper for sync code driving coroutines)."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    return loop

@@ -278,6 +278,7 @@ NAME_USED_ELSEWHERE: frozenset[str] = frozenset(
         "reward_model.model.override_config",
         "reward_model.model.use_remove_padding",
         "reward_model.max_length",  # the SFT datasets read their own data.max_length
+        f"{_ROLLOUT}.trace",  # verl.utils.rollout_trace's names (veRL's decorators, tracing off) are not the key
     }
 )
 

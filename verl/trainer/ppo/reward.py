@@ -36,7 +36,7 @@ from verl.workers.reward_manager import get_reward_manager_cls
 
 __all__ = [
     "DEFAULT_REWARD_TIMEOUT_S",
-    "compute_reward",
+    "compute_reward",  # and compute_reward_async, made on first use (see __getattr__)
     "compute_reward_with_metrics",
     "extract_reward",
     "get_custom_reward_fn",
@@ -194,3 +194,28 @@ def extract_reward(data: DataProto) -> tuple[torch.Tensor, dict[str, list[Any]]]
         )
     keys = data.meta_info.get("reward_extra_keys", [])
     return data.batch["rm_scores"], {key: list(data.non_tensor_batch[key]) for key in keys}
+
+
+def _compute_reward_async(
+    data: DataProto, config: Any = None, tokenizer: Any = None, reward_fn: Callable[..., Any] | None = None
+) -> tuple[torch.Tensor, dict[str, list[Any]]]:
+    """`compute_reward` in a Ray task; without ``reward_fn`` the manager is loaded from ``config`` and
+    ``tokenizer`` (veRL's older call)."""
+    if reward_fn is None:
+        if config is None or tokenizer is None:
+            raise ValueError("compute_reward_async needs reward_fn, or config and tokenizer to load one")
+        kwargs = dict(_section(config, "reward_model").get("reward_kwargs") or {})
+        reward_fn = load_reward_manager(config, tokenizer, num_examine=0, **kwargs)
+    return compute_reward(data, reward_fn)
+
+
+def __getattr__(name: str) -> Any:
+    """``compute_reward_async``: veRL's ``ray.remote(num_cpus=1)`` reward task, made on first use (this module
+    does not import Ray otherwise); call it with ``.remote(data, reward_fn=...)``."""
+    if name == "compute_reward_async":
+        import ray
+
+        remote = ray.remote(num_cpus=1)(_compute_reward_async)
+        globals()[name] = remote
+        return remote
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,15 +17,20 @@ from verl.trainer.ppo.core_algos import kl_penalty as kl_penalty_fn
 from verl.utils.py_functional import accepted_kwargs
 from verl.utils.torch_functional import masked_mean
 
+#: veRL's annotation for the worker classes in ``role_worker_mapping``
+WorkerType = type
+
 __all__ = [
     "ResourcePoolManager",
     "Role",
+    "WorkerType",
     "apply_kl_penalty",
     "check_ref_worker",
     "compute_advantage",
     "compute_response_mask",
     "need_critic",
     "need_reference_policy",
+    "need_reward_model",
 ]
 
 
@@ -89,6 +94,11 @@ class ResourcePoolManager:
     def get_n_gpus(self) -> int:
         """Worker processes across all pools."""
         return sum(sum(nodes) for nodes in self.resource_pool_spec.values())
+
+
+def need_reward_model(role_worker_mapping: dict[Role, Any]) -> bool:
+    """Whether a reward-model worker runs: its role is in ``role_worker_mapping`` (veRL's call)."""
+    return Role.RewardModel in role_worker_mapping
 
 
 def need_reference_policy(config_or_mapping: Any) -> bool:
