@@ -21,6 +21,7 @@ import ray
 from omegaconf import DictConfig, OmegaConf
 
 from verl.trainer.config.validate import rollout_pool_size, validate_config, world_size
+from verl.trainer.constants_ppo import ppo_worker_env
 from verl.utils.ray_utils import cpu_threads_per_worker, required_logical_cpus
 
 if TYPE_CHECKING:  # imported on first use (module __getattr__): the driver does not import torch
@@ -262,13 +263,6 @@ def _rollout_resources(config: DictConfig) -> Any:
     return (config.get("rollout") or {}).get("custom_resources")
 
 
-def _worker_env() -> dict[str, str]:
-    """Environment for the Ray workers: verl's own ``VERL_*`` settings travel with the job."""
-    env = {"TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_MODE": "disabled"}
-    env.update({k: v for k, v in os.environ.items() if k.startswith("VERL_") and v})
-    return env
-
-
 def run_ppo(config: DictConfig, task_runner_class: Any = None, schema: DictConfig | None = None) -> None:
     """Validate ``config`` (every problem at once, before Ray starts), start Ray, run the job in a TaskRunner.
 
@@ -297,7 +291,7 @@ def run_ppo(config: DictConfig, task_runner_class: Any = None, schema: DictConfi
         return
     if not ray.is_initialized():
         _init_ray(config)
-    runtime_env = {"env_vars": _worker_env()}
+    runtime_env = {"env_vars": ppo_worker_env()}
     if isinstance(runner_cls, ray.actor.ActorClass):  # decorated by the recipe: keep its options, add the env
         runner_cls = runner_cls.options(runtime_env=runtime_env)
     else:
@@ -306,7 +300,7 @@ def run_ppo(config: DictConfig, task_runner_class: Any = None, schema: DictConfi
 
 
 def _init_ray(config: DictConfig) -> None:
-    """``ray.init`` with ``ray_kwargs.ray_init``; the job's environment is the workers' (`_worker_env`).
+    """``ray.init`` with ``ray_kwargs.ray_init``; the job's environment is the workers' (`ppo_worker_env`).
 
     A cluster of its own is sized for the config's workers, its computing processes share the cores, and the
     environment goes into this process's before Ray starts (Ray's processes inherit it): the idle workers Ray
@@ -314,7 +308,7 @@ def _init_ray(config: DictConfig) -> None:
     them. On an existing cluster the environment travels as the job's runtime env."""
     ray_init = OmegaConf.to_container(config.ray_kwargs.ray_init, resolve=True) or {}
     ray_init = {k: v for k, v in ray_init.items() if v is not None}
-    env = _worker_env()
+    env = ppo_worker_env()
     if ray_init.get("address") or os.environ.get("RAY_ADDRESS"):
         ray.init(runtime_env={"env_vars": env}, include_dashboard=False, **ray_init)
         return
