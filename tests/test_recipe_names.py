@@ -25,6 +25,8 @@ RECIPE_IMPORTS = [
     ("verl.utils.ray_utils", ["get_event_loop"]),
     ("verl.utils.rollout_trace", ["rollout_trace_op", "rollout_trace_attr", "RolloutTraceConfig"]),
     ("verl.workers.rollout.schemas", ["Message", "FinishReasonTypeEnum"]),
+    ("verl.workers.config.optimizer", ["build_optimizer"]),
+    ("verl.workers.fsdp_workers", ["ActorRolloutRefWorker", "create_device_mesh", "get_sharding_strategy"]),
 ]
 
 
@@ -179,3 +181,42 @@ def test_hdfs_io_copies_local_files_and_folders_and_refuses_hdfs(tmp_path):
     assert hdfs_io.exists(str(tmp_path / "out" / "b.txt"))
     with pytest.raises(NotImplementedError, match="hdfs://"):
         hdfs_io.copy("hdfs://cluster/ckpt", os.fspath(tmp_path / "x"))
+
+
+def test_build_optimizer_from_the_config():
+    from verl.workers.config import FSDPOptimizerConfig
+    from verl.workers.config.optimizer import build_optimizer
+
+    params = [torch.nn.Parameter(torch.zeros(3))]
+    optimizer = build_optimizer(params, FSDPOptimizerConfig(lr=0.5, weight_decay=0.0, betas=(0.8, 0.9)))
+    assert isinstance(optimizer, torch.optim.AdamW)
+    assert optimizer.param_groups[0]["lr"] == 0.5 and optimizer.param_groups[0]["betas"] == (0.8, 0.9)
+
+
+def _mesh_on_two_ranks(rank: int, results) -> None:
+    from torch.distributed.fsdp import ShardingStrategy
+
+    from verl.workers.fsdp_workers import create_device_mesh, get_sharding_strategy
+
+    full = create_device_mesh(world_size=2, fsdp_size=-1)
+    hybrid = create_device_mesh(world_size=2, fsdp_size=1)
+    assert full.mesh_dim_names == ("fsdp",) and full.ndim == 1
+    assert hybrid.mesh_dim_names == ("ddp", "fsdp") and tuple(hybrid.shape) == (2, 1)
+    assert get_sharding_strategy(full) is ShardingStrategy.FULL_SHARD
+    assert get_sharding_strategy(full, zero3_enable=False) is ShardingStrategy.SHARD_GRAD_OP
+    assert get_sharding_strategy(hybrid) is ShardingStrategy.HYBRID_SHARD
+    try:
+        create_device_mesh(world_size=4, fsdp_size=-1)
+    except ValueError as error:
+        assert "the process group has 2" in str(error)
+    else:
+        raise AssertionError("a world size other than the group's was accepted")
+    results[rank] = True
+
+
+def test_device_mesh_and_sharding_strategy_on_two_ranks(gloo):
+    import torch.multiprocessing as mp
+
+    results = mp.Manager().dict()
+    gloo(_mesh_on_two_ranks, 2, results)
+    assert dict(results) == {0: True, 1: True}

@@ -57,9 +57,17 @@ from verl.workers.config.builders import (
 from verl.workers.config.lora import LoraSpec
 from verl.workers.critic import DataParallelPPOCritic
 from verl.workers.engine import get_engine_class
+from verl.workers.engine.sharding import create_device_mesh, get_sharding_strategy
 from verl.workers.remote_rollout import RemoteRolloutWeights
 
-__all__ = ["ActorRolloutRefWorker", "CriticWorker", "ProfiledWorker", "RewardModelWorker"]
+__all__ = [
+    "ActorRolloutRefWorker",
+    "CriticWorker",
+    "ProfiledWorker",
+    "RewardModelWorker",
+    "create_device_mesh",  # veRL's helpers, from verl.workers.engine.sharding
+    "get_sharding_strategy",
+]
 
 logger = logging.getLogger(__name__)
 

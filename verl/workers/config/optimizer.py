@@ -169,3 +169,13 @@ def role_optim_default(**overrides: Any) -> FSDPOptimizerConfig:
 
 # Short name used in verl's docs and issues.
 OptimConfig = FSDPOptimizerConfig
+
+
+def __getattr__(name: str) -> Any:
+    """``build_optimizer(parameters, config)``, veRL's name here; it is `verl.workers.engine.optim`'s (imported on
+    first use: the configs do not import torch)."""
+    if name == "build_optimizer":
+        from verl.workers.engine.optim import build_optimizer
+
+        return build_optimizer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -17,6 +18,8 @@ from verl.workers.engine.hf_model import decoder_layer_classes
 __all__ = [
     "apply_fsdp2",
     "build_device_mesh",
+    "create_device_mesh",
+    "get_sharding_strategy",
     "mixed_precision_policy",
     "plain_module",
     "reshard_all",
@@ -35,6 +38,29 @@ def build_device_mesh(device_type: str, fsdp_size: int) -> DeviceMesh:
     if fsdp_size > world or world % fsdp_size != 0:
         raise ValueError(f"fsdp_config.fsdp_size={fsdp_size} must be -1 or divide the world size {world}")
     return init_device_mesh(device_type, (world // fsdp_size, fsdp_size), mesh_dim_names=("ddp", "fsdp"))
+
+
+def create_device_mesh(world_size: int, fsdp_size: int) -> DeviceMesh:
+    """veRL's ``fsdp_workers.create_device_mesh``: the mesh of `build_device_mesh` on this device type, where an
+    ``fsdp_size`` below 0 or at least ``world_size`` shards over every rank. ``world_size`` must be the process
+    group's."""
+    from verl.utils.device import get_device_name
+
+    if world_size != dist.get_world_size():
+        raise ValueError(f"create_device_mesh(world_size={world_size}): the process group has {dist.get_world_size()}")
+    return build_device_mesh(get_device_name(), -1 if fsdp_size < 0 or fsdp_size >= world_size else fsdp_size)
+
+
+def get_sharding_strategy(device_mesh: DeviceMesh, zero3_enable: bool = True) -> Any:
+    """veRL's FSDP1 ``ShardingStrategy`` for a mesh (full or hybrid sharding, ZeRO-3 or ZeRO-2), for forks that read
+    it; the engine itself shards with FSDP2, whose equivalent is the mesh's shape and ``reshard_after_forward``."""
+    from torch.distributed.fsdp import ShardingStrategy
+
+    if device_mesh.ndim not in (1, 2):
+        raise NotImplementedError(f"a device mesh of {device_mesh.ndim} dimensions: only 1 (fsdp) or 2 (ddp, fsdp)")
+    if device_mesh.ndim == 1:
+        return ShardingStrategy.FULL_SHARD if zero3_enable else ShardingStrategy.SHARD_GRAD_OP
+    return ShardingStrategy.HYBRID_SHARD if zero3_enable else ShardingStrategy._HYBRID_SHARD_ZERO2
 
 
 def mixed_precision_policy(config: FSDPEngineConfig) -> MixedPrecisionPolicy | None:
