@@ -59,6 +59,7 @@ from verl.utils.dataset.sft_dataset import SFTDataset
 from verl.utils.device import get_nccl_backend
 from verl.utils.distributed import destroy_global_process_group, initialize_global_process_group
 from verl.utils.fs import copy_to_local
+from verl.utils.model import compute_position_id_with_mask
 from verl.workers.config.lora import LoraSpec
 from verl.workers.engine import get_engine_class
 from verl.workers.engine.hf_folder import HF_FOLDER
@@ -118,7 +119,7 @@ def collate(dataset: Dataset, indices: Sequence[int], weights: Sequence[int] | N
     for key in BATCH_KEYS:
         if key == "position_ids" and key not in items[0]:
             mask = batch["attention_mask"]
-            batch[key] = torch.clip(torch.cumsum(mask, dim=-1) - 1, min=0)
+            batch[key] = compute_position_id_with_mask(mask)
             continue
         if key not in items[0]:
             raise KeyError(f"{type(dataset).__name__} items have no {key!r} (keys: {sorted(items[0])})")

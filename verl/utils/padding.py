@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from verl.utils.model import compute_position_id_with_mask
+
 __all__ = [
     "PackedSequences",
     "TrimmedBatch",
@@ -84,7 +86,7 @@ def unpad_input(
             f"{tuple(attention_mask.shape)}"
         )
     if position_ids is None:
-        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        position_ids = compute_position_id_with_mask(attention_mask.long())
     elif position_ids.shape != input_ids.shape:
         raise ValueError(
             f"unpad_input: position_ids {tuple(position_ids.shape)} must match input_ids {tuple(input_ids.shape)} "
