@@ -280,3 +280,142 @@ DIFFERENCES: dict[str, str] = {
     "async_training.use_rollout_log_probs": "veRL's default is true; ours is false (the old log-probs are recomputed). "
     "True is `algorithm.rollout_correction.bypass_mode=true` in every mode.",
 }
+
+
+# veRL 0.10's keys (the V1 interface); the older names they replace are described as such below.
+_V1_BUFFER = "V1 trainer (not built yet: a value other than the default is refused by name). "
+DESCRIPTIONS |= {
+    "data.function_tool_path": "File of `@function_tool` functions whose schemas the prompts show (follows "
+    "`actor_rollout_ref.rollout.multi_turn.function_tool_path`).",
+    "reward.num_workers": "Processes that run `compute_score` (0: threads of the driver process). veRL 0.10's "
+    "reward-loop workers; its default is 8, ours 1 (a laptop's cores).",
+    "reward.timeout_s": "Per-sample limit in seconds on one `compute_score` call; a sample that raises or runs past "
+    "it scores 0 and is counted in `reward/error_count` / `reward/timeout_count` (null or <= 0: no limit).",
+    "reward.custom_reward_function.path": "File defining your reward function; null: the built-in rule chosen by "
+    "`data_source` (`verl.utils.reward_score.default_compute_score`).",
+    "reward.custom_reward_function.name": "Name of the function: `compute_score(data_source, solution_str, "
+    "ground_truth, extra_info=None, **kwargs)` returning a number or a dict with a `score`.",
+    "reward.custom_reward_function.reward_kwargs": "Extra keyword arguments passed to every call of the function; a "
+    "key the function does not declare is an error at start-up.",
+    "reward.reward_manager.source": "`register`: `reward.reward_manager.name` names a registered manager; "
+    "`importlib`: load a class from `reward.reward_manager.module.path`.",
+    "reward.reward_manager.name": "Registered reward manager: `naive` (one `compute_score` call per sample), "
+    "`batch` (one call per batch), `dapo` (naive plus the overlong penalty) or `gdpo`.",
+    "reward.reward_manager.module.path": "File of a custom reward-manager class (`source: importlib`).",
+    "reward.reward_manager.module.name": "Class name in that file.",
+    "reward.reward_model.enable": "Score responses with a reward model (`RewardModelWorker`, whose other settings "
+    "are `reward_model.*`): its score at the last response token (`rm_scores`) is the reward.",
+    "reward.reward_model.enable_resource_pool": "Give the reward model its own resource pool.",
+    "reward.reward_model.n_gpus_per_node": "Devices per node of that pool.",
+    "reward.reward_model.nnodes": "Nodes of that pool.",
+    "reward.reward_model.model_path": "Reward-model folder (a sequence-classification head with one label).",
+    "reward.sandbox_fusion.url": "URL of a SandboxFusion code-execution service for code rewards.",
+    "reward.sandbox_fusion.max_concurrent": "Concurrent requests to that service.",
+    "reward.sandbox_fusion.memory_limit_mb": "Memory limit per sandboxed execution, in MB.",
+    "reward.reward_kwargs": "Keyword arguments for the reward manager's constructor (those it declares, e.g. the "
+    "`dapo` manager's `max_resp_len` and `overlong_buffer_cfg.{enable,len,penalty_factor,log}`) or, for the "
+    "built-in managers, for every `compute_score` call; a key neither declares is an error at start-up.",
+    "trainer.use_v1": "veRL 0.10's choice between its V1 and V0 trainers; here one trainer runs both layouts and "
+    "`false` only logs that (the mode is `trainer.v1.trainer_mode`, or its older name `trainer.mode`).",
+    "trainer.v1.trainer_mode": "How generation and training are scheduled: `sync` (generate, then train, in the same "
+    "processes), `colocate_async` or `separate_async` (see trainer_modes.md). `trainer.mode` is its older name.",
+    "trainer.v1.sync": "Settings of the sync mode (none).",
+    "trainer.v1.colocate_async.num_warmup_batches": _V1_BUFFER + "Batches dispatched before step 1.",
+    "trainer.v1.separate_async.num_warmup_batches": _V1_BUFFER + "Batches dispatched before step 1.",
+    "trainer.v1.separate_async.parameter_sync_step": _V1_BUFFER + "Optimizer updates (mini-batches) per weight push.",
+    "model_engine": "Training engine of the roles: `dp` (FSDP). `megatron` is not built yet (refused).",
+    "distillation.enabled": "On-policy distillation from teacher models (not built yet: `true` is refused).",
+}
+for _key in (
+    "trainer.v1.separate_async.hybrid_rollout.enable_switch",
+    "trainer.v1.separate_async.hybrid_rollout.switch_threshold_ratio",
+    "trainer.v1.separate_async.hybrid_rollout.switch_threshold_step_up",
+    "trainer.v1.separate_async.hybrid_rollout.switch_threshold_step_down",
+    "trainer.v1.separate_async.hybrid_rollout.switch_threshold_release_steps",
+    "trainer.v1.separate_async.hybrid_rollout.switch_cost_window_size",
+):
+    DESCRIPTIONS[_key] = _V1_BUFFER + "Lending idle trainer devices to generation between steps."
+for _key in ("max_off_policy_threshold", "max_off_policy_strategy", "sync_refill_failed_groups"):
+    DESCRIPTIONS[f"trainer.v1.sampler.{_key}"] = _V1_BUFFER + "The replay buffer's staleness and refill rules."
+for _key in ("custom_sampler.path", "custom_sampler.name", "sampler_kwargs"):
+    DESCRIPTIONS[f"trainer.v1.sampler.{_key}"] = _V1_BUFFER + "A replay buffer class of your own, and its arguments."
+for _key in ("metrics.enabled", "metrics.port", "backend.storage_backend", "backend.SimpleStorage.total_storage_size"):
+    DESCRIPTIONS[f"transfer_queue.{_key}"] = "veRL's TransferQueue (none here: batches move as DataProto)."
+DESCRIPTIONS["transfer_queue.backend.SimpleStorage.num_data_storage_units"] = DESCRIPTIONS["transfer_queue.enable"] = (
+    "veRL's TransferQueue (none here: batches move as DataProto)."
+)
+for _group in ("rollout", "rollout_tq", "async_rollout"):
+    for _key in ("enable", "dump_dir", "steps", "action"):
+        DESCRIPTIONS[f"skip.{_group}.{_key}"] = (
+            "veRL 0.10's rollout caching (not built yet: a value other than the default is refused; "
+            "`actor_rollout_ref.rollout.skip_rollout` reuses one saved generation)."
+        )
+for _key in (
+    "n_gpus_per_node",
+    "nnodes",
+    "teacher_key",
+    "teacher_models.teacher_model.key",
+    "teacher_models.teacher_model.model_path",
+    "teacher_models.teacher_model.num_replicas",
+    "teacher_models.teacher_model.inference",
+    *(
+        f"distillation_loss.{k}"
+        for k in (
+            "loss_mode",
+            "topk",
+            "use_task_rewards",
+            "distillation_loss_coef",
+            "loss_max_clamp",
+            "log_prob_min_clamp",
+            "use_policy_gradient",
+            "policy_loss_mode",
+            "clip_ratio",
+            "clip_ratio_low",
+            "clip_ratio_high",
+        )
+    ),
+):
+    DESCRIPTIONS[f"distillation.{_key}"] = "On-policy distillation (not built yet: a value other than the default is "
+    "refused)."
+
+# veRL's older names: each is read into its newer one (verl/trainer/config/layout.py).
+_OLDER = {
+    "trainer.mode": "trainer.v1.trainer_mode",
+    "reward_model.enable": "reward.reward_model.enable",
+    "reward_model.enable_resource_pool": "reward.reward_model.enable_resource_pool",
+    "reward_model.n_gpus_per_node": "reward.reward_model.n_gpus_per_node",
+    "reward_model.nnodes": "reward.reward_model.nnodes",
+    "reward_model.model.path": "reward.reward_model.model_path",
+    "reward_model.reward_manager": "reward.reward_manager.name",
+    "reward_model.num_workers": "reward.num_workers",
+    "reward_model.reward_loop_source": "reward.reward_manager.source",
+    "reward_model.reward_loop_module_path": "reward.reward_manager.module.path",
+    "reward_model.reward_loop_class_name": "reward.reward_manager.module.name",
+    "reward_model.timeout_s": "reward.timeout_s",
+    "reward_model.reward_kwargs": "reward.reward_kwargs",
+    "reward_manager.source": "reward.reward_manager.source",
+    "reward_manager.name": "reward.reward_manager.name",
+    "reward_manager.module.path": "reward.reward_manager.module.path",
+    "reward_manager.module.name": "reward.reward_manager.module.name",
+    "custom_reward_function.path": "reward.custom_reward_function.path",
+    "custom_reward_function.name": "reward.custom_reward_function.name",
+    "custom_reward_function.reward_kwargs": "reward.custom_reward_function.reward_kwargs",
+    "rollout.nnodes": "actor_rollout_ref.rollout.nnodes",
+    "rollout.n_gpus_per_node": "actor_rollout_ref.rollout.n_gpus_per_node",
+    **{f"reward_model.sandbox_fusion.{k}": f"reward.sandbox_fusion.{k}" for k in ("url", "max_concurrent")},
+    "reward_model.sandbox_fusion.memory_limit_mb": "reward.sandbox_fusion.memory_limit_mb",
+    **{
+        f"reward_model.overlong_buffer.{k}": f"reward.reward_kwargs.overlong_buffer_cfg.{k}"
+        for k in ("enable", "len", "penalty_factor", "log")
+    },
+}
+for _old, _new in _OLDER.items():
+    DESCRIPTIONS[_old] = (
+        f"veRL's older name of `{_new}`: a value set here is read into it with a warning (a different value in "
+        "both is an error)."
+    )
+OURS["reward.timeout_s"] = OURS.pop("reward_model.timeout_s")
+DESCRIPTIONS["ray_kwargs.ray_init.runtime_env.py_executable"] = (
+    "The Python interpreter (or a prefix such as `uv run ...`) Ray starts its worker processes with; null: this "
+    "interpreter."
+)

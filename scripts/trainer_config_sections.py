@@ -46,6 +46,7 @@ def data() -> dict[str, Any]:
         "sampler": {"class_path": None, "class_name": None},
         "datagen": {"path": None, "name": None},
         "apply_chat_template_kwargs": {},
+        "function_tool_path": "${oc.select:actor_rollout_ref.rollout.multi_turn.function_tool_path,null}",
     }
 
 
@@ -117,6 +118,8 @@ def custom_reward_function() -> dict[str, Any]:
 def trainer() -> dict[str, Any]:
     """``trainer``."""
     return {
+        "use_v1": True,
+        "v1": trainer_v1(),
         "mode": "sync",
         "device": "auto",
         "balance_batch": True,
@@ -180,10 +183,105 @@ def global_profiler() -> dict[str, Any]:
 
 
 def transfer_queue() -> dict[str, Any]:
-    """``transfer_queue``."""
-    return {"enable": False}
+    """``transfer_queue``: veRL's data plane (there is none here: batches move as DataProto)."""
+    return {
+        "enable": False,
+        "metrics": {"enabled": False, "port": 0},
+        "backend": {
+            "storage_backend": "SimpleStorage",
+            "SimpleStorage": {"total_storage_size": 100000, "num_data_storage_units": 8},
+        },
+    }
 
 
 def ray_kwargs() -> dict[str, Any]:
     """``ray_kwargs``."""
-    return {"ray_init": {"num_cpus": None, "address": None}, "timeline_json_file": None}
+    return {
+        "ray_init": {"num_cpus": None, "address": None, "runtime_env": {"py_executable": None}},
+        "timeline_json_file": None,
+    }
+
+
+def trainer_v1() -> dict[str, Any]:
+    """``trainer.v1``: veRL 0.10's trainer settings (the mode; the replay buffer's and the async modes' knobs)."""
+    warmup = {"num_warmup_batches": 1}
+    return {
+        "trainer_mode": "sync",
+        "sync": {},
+        "colocate_async": dict(warmup),
+        "separate_async": {
+            **warmup,
+            "parameter_sync_step": 4,
+            "hybrid_rollout": {
+                "enable_switch": False,
+                "switch_threshold_ratio": 0.4,
+                "switch_threshold_step_up": 0.05,
+                "switch_threshold_step_down": 0.03,
+                "switch_threshold_release_steps": 2,
+                "switch_cost_window_size": 3,
+            },
+        },
+        "sampler": {
+            "max_off_policy_threshold": 8,
+            "max_off_policy_strategy": "drop",
+            "sync_refill_failed_groups": False,
+            "custom_sampler": {"path": None, "name": None},
+            "sampler_kwargs": {},
+        },
+    }
+
+
+def reward() -> dict[str, Any]:
+    """``reward``: veRL 0.10's reward settings (the older ``reward_model.*`` / ``reward_manager.*`` /
+    ``custom_reward_function.*`` names are read into it: `verl.trainer.config.layout`)."""
+    return {
+        "num_workers": 1,
+        "timeout_s": 30,
+        "custom_reward_function": {"path": None, "name": "compute_score", "reward_kwargs": {}},
+        "reward_manager": {
+            "source": "register",
+            "name": "naive",
+            "module": {"path": None, "name": "custom_reward_manager"},
+        },
+        "reward_model": {
+            "enable": False,
+            "enable_resource_pool": False,
+            "n_gpus_per_node": 8,
+            "nnodes": 0,
+            "model_path": None,
+        },
+        "sandbox_fusion": {"url": None, "max_concurrent": 64, "memory_limit_mb": 1024},
+        "reward_kwargs": {},
+    }
+
+
+def skip() -> dict[str, Any]:
+    """``skip``: veRL 0.10's rollout caching (``skip.rollout`` is the older ``rollout.skip_rollout``)."""
+    one = {"enable": False, "dump_dir": "~/.verl/rollout_dump", "steps": [], "action": "cache"}
+    return {name: dict(one, steps=[]) for name in ("rollout", "rollout_tq", "async_rollout")}
+
+
+def distillation() -> dict[str, Any]:
+    """``distillation``: veRL 0.10's on-policy distillation (refused when enabled: not built yet)."""
+    return {
+        "enabled": False,
+        "n_gpus_per_node": 8,
+        "nnodes": 0,
+        "teacher_key": "data_source",
+        "teacher_models": {
+            "teacher_model": {"key": None, "model_path": None, "num_replicas": 0, "inference": {}},
+        },
+        "distillation_loss": {
+            "loss_mode": "k3",
+            "topk": 32,
+            "use_task_rewards": True,
+            "distillation_loss_coef": 1.0,
+            "loss_max_clamp": None,
+            "log_prob_min_clamp": None,
+            "use_policy_gradient": False,
+            "policy_loss_mode": "vanilla",
+            "clip_ratio": 0.2,
+            "clip_ratio_low": 0.2,
+            "clip_ratio_high": 0.2,
+        },
+    }

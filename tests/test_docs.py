@@ -319,7 +319,7 @@ def computed_metric_names() -> set[str]:
         )[2]
     )
     rollout_correction = {"rollout_is": "sequence", "rollout_is_threshold": 2.0, "loss_type": "reinforce"}
-    config = {"clip_ratio": 0.2, "policy_loss": {"rollout_correction": rollout_correction}}
+    config = {"clip_ratio": 0.2, "policy_loss": {"rollout_correction": rollout_correction, "dro_beta": 0.1}}
     for fn in POLICY_LOSS_REGISTRY.values():
         _, metrics = fn(old_log_prob, log_prob, rand(bs, resp_len), response_mask, "token-mean", config, None)
         names |= set(metrics)

@@ -220,3 +220,62 @@ def test_device_mesh_and_sharding_strategy_on_two_ranks(gloo):
     results = mp.Manager().dict()
     gloo(_mesh_on_two_ranks, 2, results)
     assert dict(results) == {0: True, 1: True}
+
+
+# the legacy worker internals that recipes' init_model overrides and actors call (sppo, spin, prime)
+LEGACY_IMPORTS = [
+    (
+        "verl.utils.fsdp_utils",
+        [
+            "get_fsdp_wrap_policy",
+            "get_init_weight_context_manager",
+            "init_fn",
+            "load_fsdp_model_to_gpu",
+            "load_fsdp_optimizer",
+            "offload_fsdp_model_to_cpu",
+            "offload_fsdp_optimizer",
+            "fsdp_version",
+        ],
+    ),
+    ("verl.utils.checkpoint.fsdp_checkpoint_manager", ["FSDPCheckpointManager"]),
+    ("verl.utils.flops_counter", ["FlopsCounter"]),
+    ("verl.utils.ulysses", ["gather_outputs_and_unpad", "ulysses_pad_and_slice_inputs"]),
+    ("verl.workers.sharding_manager.fsdp_ulysses", ["FSDPUlyssesShardingManager"]),
+    ("verl.models.transformers.monkey_patch", ["apply_monkey_patch"]),
+    ("verl.utils.model", ["print_model_size"]),
+    ("verl.utils.torch_functional", ["get_constant_schedule_with_warmup", "get_cosine_schedule_with_warmup"]),
+    ("verl.workers.fsdp_workers", ["AsyncActorRolloutRefWorker"]),
+]
+
+
+@pytest.mark.parametrize(("module", "names"), LEGACY_IMPORTS, ids=[m for m, _ in LEGACY_IMPORTS])
+def test_legacy_worker_imports_resolve(module, names):
+    imported = importlib.import_module(module)
+    missing = [name for name in names if not hasattr(imported, name)]
+    assert not missing, f"{module} lacks {missing}"
+
+
+def test_legacy_worker_methods_and_actor_internals_exist():
+    from verl.workers.actor.dp_actor import DataParallelPPOActor
+    from verl.workers.fsdp_workers import ActorRolloutRefWorker
+
+    for name in ("_build_model_optimizer", "_build_rollout"):
+        assert callable(getattr(ActorRolloutRefWorker, name)), name
+    for name in ("_forward_micro_batch", "_optimizer_step", "update_policy", "compute_log_prob"):
+        assert callable(getattr(DataParallelPPOActor, name)), name
+
+
+def test_fsdp_wrap_policy_wraps_the_decoder_layers_and_weights_init_on_the_cpu():
+    from verl.utils.fsdp_utils import get_fsdp_wrap_policy, get_init_weight_context_manager
+    from verl.utils.tiny_model import build_tiny_qwen2
+
+    model = build_tiny_qwen2()
+    policy = get_fsdp_wrap_policy(model, config={"min_num_params": 0})
+    layer = model.model.layers[0]
+    assert policy(module=layer, recurse=False, nonwrapped_numel=0)
+    assert not policy(module=model.lm_head, recurse=False, nonwrapped_numel=0)
+    assert get_fsdp_wrap_policy(model, config={"disable": True}) is None
+    with pytest.raises(NotImplementedError, match="min_num_params"):
+        get_fsdp_wrap_policy(model, config={"min_num_params": 1000})
+    with get_init_weight_context_manager(use_meta_tensor=False)():
+        assert torch.empty(1).device.type == "cpu"

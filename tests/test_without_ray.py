@@ -94,7 +94,7 @@ def _child(out_dir: Path) -> dict:
             pos = (mask.cumsum(-1) - 1).clamp(min=0)
             uid = np.array(["p0", "p1"], dtype=object)
             batch = {"input_ids": ids, "attention_mask": mask, "position_ids": pos}
-            return DataProto.from_dict(batch, {"uid": uid}, meta_info={"global_steps": step})
+            return DataProto.from_dict(batch, {"uid": uid}, meta_info={"global_steps": step, "n": 2})
 
         # generate (2 prompts × n=2), then the trainer's log-probs of the same tokens
         batch = rollout.generate_sequences(prompts(0))

@@ -173,6 +173,11 @@ def omega_conf_to_dataclass(config: Any, dataclass_type: type[T] | None = None) 
             from hydra.utils import instantiate
 
             return instantiate(values, _convert_="partial")
+    elif str(values.get("_target_") or "").rpartition(".")[0] and not str(values["_target_"]).startswith("verl."):
+        # a recipe's subclass of the requested config (SPPO's SPPOActorConfig with its own keys): built as itself
+        own = _locate(str(values["_target_"]))
+        if isinstance(own, type) and issubclass(own, dataclass_type) and dataclasses.is_dataclass(own):
+            dataclass_type = own
     if not dataclasses.is_dataclass(dataclass_type):
         raise TypeError(f"{dataclass_type!r} is not a dataclass")
     return _build_dataclass(dataclass_type, values, "")

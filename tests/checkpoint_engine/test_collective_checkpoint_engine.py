@@ -134,6 +134,10 @@ def test_a_push_lands_between_the_decode_steps_of_a_generating_replica(pushed):
     before = ray.get(replicas[0].weight_version.remote())
     _, versions = push(sender, replicas, version=before + 1, verify=False)
     assert versions == [before + 1] * REPLICAS
+    after_push = ray.get(replicas[0].generated.remote())
+    while ray.get(replicas[0].generated.remote()) < after_push + 2:  # a token sampled under the new weights
+        assert time.monotonic() < deadline + 60, "the long request made no progress after the push"
+        time.sleep(0.05)
     tokens = ray.get(replicas[0].abort_long_request.remote())
     assert tokens[0] == before and tokens[-1] == before + 1 and tokens == sorted(tokens), tokens[:4]
 

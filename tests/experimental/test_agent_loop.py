@@ -71,6 +71,26 @@ def test_agent_loop_yaml_errors_name_the_file_and_entry(tmp_path):
         load_agent_loop_configs(str(bad))
 
 
+def test_prompt_ids_from_a_tokenizer_are_accepted_and_bad_ones_named():
+    from verl.utils.demo import build_demo_tokenizer
+    from verl.workers.rollout.request import as_token_ids
+
+    tokenizer = build_demo_tokenizer()
+
+    messages = [{"role": "user", "content": "What is 3 + 4?"}]
+    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)  # a BatchEncoding
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert as_token_ids(encoded) == ids == as_token_ids(torch.tensor([ids])) == as_token_ids(ids)
+    with pytest.raises(ValueError, match=r"generate\('r1'\): prompt_ids\[1\]='a' \(str\) is not a token id"):
+        as_token_ids([5, "a"], "generate('r1'): prompt_ids")
+    with pytest.raises(ValueError, match="a mapping without 'input_ids'"):
+        as_token_ids({"ids": [1]})
+    with pytest.raises(ValueError, match="AgentLoopOutput.prompt_ids"):
+        AgentLoopOutput(prompt_ids="hello", response_ids=[1], response_mask=[1])
+    assert AgentLoopOutput(prompt_ids=encoded, response_ids=[1], response_mask=[1]).prompt_ids == ids
+
+
 def test_agent_loop_manager_class_replaces_the_manager():
     from types import SimpleNamespace
 
@@ -189,7 +209,8 @@ def test_single_turn_agent_loop_equals_the_engines_batch_call(hybrid, assets):
     for meta, n in (({"global_steps": 3}, 2), ({"global_steps": 3, "validate": True}, 1)):
         prompts = prompt_batch(assets)
         prompts.meta_info.update(meta)
-        looped = manager.generate_sequences_per_prompt(prompts)
+        prompts.batch["prompt_index"] = torch.arange(len(prompts))  # the n samples of a prompt share its index
+        looped = manager.generate_sequences(prompts.repeat(n, interleave=True))
         assert len(looped) == ROWS * n
         samples = prompts.select(batch_keys=["input_ids", "attention_mask", "position_ids"]).repeat(n)
         samples.batch["prompt_index"] = torch.arange(len(samples)) // n
@@ -320,6 +341,9 @@ def test_user_loops_from_yaml_mask_their_tokens_and_rewards_score_samples_as_the
     scores = b["rm_scores"][torch.arange(ROWS), last]
     assert scores.tolist() == [0.5, 0.5, 0.5, 0.5, 0.25, 0.5] and b["rm_scores"].sum().item() == pytest.approx(2.75)
     assert out.meta_info["reward_extra_keys"] == ["score", "length"] and nt["length"][4] == 0.0  # not scored by the fn
+    # self_scored passed the tokenizer's BatchEncoding on: its prompt is the dataset's prompt ids
+    prompt_4 = b["prompts"][4][b["attention_mask"][4, :PROMPT_LEN].bool()].tolist()
+    assert prompt_4 == list(prompts.non_tensor_batch["raw_prompt_ids"][4])
     assert out.meta_info["metrics"]["reward/error_count"] == 0
     scored = {row["index"]: row["at"] for row in map(json.loads, stamps.read_text().splitlines())}
     assert sorted(scored) == sorted(index[i] for i in (0, 1, 2, 3, 5))
@@ -373,6 +397,7 @@ def test_main_ppo_trains_and_validates_through_a_user_agent_loop_from_yaml(cli_r
     for step in (1, 2):
         data = by_step[step]
         assert data["num_turns/mean"] == 2.5 and data["num_turns/max"] == 3, data
+        assert data["training/num_turns/mean"] == 2.5 and data["training/num_turns/min"] == data["num_turns/min"]
         assert data["agent_loop/generate_sequences/max"] > 0 and "agent_loop/slowest/response_length" in data
         assert np.isfinite(data["actor/pg_loss"]) and data["timing_s/update_actor"] > 0
     assert any(key.startswith("val-core/") for key in by_step[0])  # validation generated through two_turn too

@@ -22,7 +22,7 @@ from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop, truncate
 from verl.experimental.agent_loop.tool_parser import HermesToolParser, ToolParser
 from verl.tools.base_tool import ToolUnavailableError
 from verl.tools.calculator_tool import evaluate_expression
-from verl.tools.utils.tool_registry import initialize_tools_from_config
+from verl.tools.tool_registry import initialize_tools_from_config
 from verl.utils.demo_tools import ensure_tool_demo_assets
 from verl.utils.tokenizer import hf_tokenizer
 from verl.workers.rollout.replica import TokenOutput
@@ -37,6 +37,7 @@ MULTI_TURN_DEFAULTS = {
     "max_tool_response_length": 256,
     "tool_response_truncate_side": "middle",
     "tool_config_path": None,
+    "function_tool_path": None,
     "interaction_config_path": None,
     "format": "hermes",
 }
@@ -174,7 +175,7 @@ def test_limits_turns_parallel_calls_and_the_response_budget(tokenizer, tools_ya
 
 @pytest.mark.parametrize(
     ("side", "expected"),
-    [("left", "tagaa...(truncated)"), ("right", "(truncated)...aaaaa"), ("middle", "ta...(truncated)...aa")],
+    [("left", "(truncated)...aaaaa"), ("right", "tagaa...(truncated)"), ("middle", "ta...(truncated)...aa")],
 )
 def test_long_tool_responses_are_truncated_as_veRL_does(tokenizer, tools_yaml, side, expected):
     assert truncate_tool_response("tag" + "a" * 30, 5, side) == expected
@@ -196,9 +197,9 @@ def test_failing_calls_hand_the_model_an_error_and_are_counted(tokenizer, tools_
     turn += call("old", x="9")
     output, _ = run_loop(tokenizer, [turn, "ok"], 512, tool_config_path=tools_yaml, max_parallel_calls=4)
     tool_turn = segments(tokenizer, output)[1][1]
-    assert "Error when executing tool: the database is down" in tool_turn
-    assert "Error when executing tool: unknown tool 'nosuch'" in tool_turn
-    assert "Error when executing tool: timed out" in tool_turn
+    assert "Error executing tool 'broken': the database is down" in tool_turn
+    assert "Unknown function 'nosuch'. Available tools:" in tool_turn
+    assert "Error executing tool 'slow': timed out" in tool_turn
     assert "old:9" in tool_turn  # veRL's older return types still work
     metrics = output.metrics.model_dump()
     assert (metrics["num_tool_calls"], metrics["tool_errors"], metrics["tool_timeouts"]) == (4, 3, 1)
@@ -279,9 +280,7 @@ def test_validation_loads_the_tool_yaml_and_multi_turn_picks_the_tool_agent(tmp_
     missing = str(tmp_path / "tools.yaml")
     with pytest.raises(ConfigError, match=f"multi_turn.tool_config_path: tool config '{missing}': no such file"):
         validate_config(merged([*VALID, f"actor_rollout_ref.rollout.multi_turn.tool_config_path={missing}"]))
-    with pytest.raises(
-        ConfigError, match="multi_turn.format='xml': no tool-call parser of that name; known: \\['hermes'\\]"
-    ):
+    with pytest.raises(ConfigError, match="multi_turn.format='xml': no tool-call parser of that name; known: \\['deep"):
         validate_config(merged([*VALID, "actor_rollout_ref.rollout.multi_turn.format=xml"]), check_environment=False)
     assert "tool_agent" in registered_agent_loops()
     rollout = OmegaConf.create({"agent": {"default_agent_loop": "single_turn_agent"}, "multi_turn": {"enable": True}})

@@ -4,7 +4,8 @@
   conversation (its second turn goes to the same server).
 - ``ShortFirstAgentLoop``: one turn; a sample whose ``short`` column is true stops after one token, the others run
   to the end, so the short one is scored while the others still generate. It records when each generation ended.
-- ``SelfScoredAgentLoop``: one turn, and the loop's own ``reward_score`` (the reward function is not called).
+- ``SelfScoredAgentLoop``: one turn on the tokenizer's own ``apply_chat_template(tokenize=True)`` result (a
+  ``BatchEncoding``), and the loop's own ``reward_score`` (the reward function is not called).
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ class ShortFirstAgentLoop(AgentLoopBase):
 
 class SelfScoredAgentLoop(AgentLoopBase):
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
-        prompt_ids = list(kwargs["raw_prompt_ids"])
+        # as veRL-era loops do: the tokenizer's own call (transformers 5 returns a BatchEncoding, passed on as is)
+        prompt_ids = self.tokenizer.apply_chat_template(kwargs["raw_prompt"], add_generation_prompt=True, tokenize=True)
         output = await self.server_manager.generate(uuid4().hex, prompt_ids=prompt_ids, sampling_params=sampling_params)
         return AgentLoopOutput(
             prompt_ids=prompt_ids,

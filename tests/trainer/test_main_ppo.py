@@ -260,8 +260,14 @@ def test_remax_baseline_pf_ppo_and_a_custom_chat_template(cli_runs):
 
 @cli_run("dapo", cost_s=45)
 def prepare_dapo(work: Path) -> Prepared:
-    """DAPO's dynamic sampling (filter_groups) and clip-higher."""
+    """DAPO's dynamic sampling (filter_groups) and clip-higher, written as a veRL 0.10 script: the V1 trainer's
+    keys and the reward settings under ``reward.*`` (the dapo manager with its overlong buffer)."""
     return [
+        "trainer.use_v1=true",
+        "trainer.v1.trainer_mode=sync",
+        "ray_kwargs.ray_init.runtime_env.py_executable=null",  # every veRL 0.10 example script passes it
+        "reward.reward_manager.name=dapo",
+        "+reward.reward_kwargs.overlong_buffer_cfg={enable: true, len: 4, penalty_factor: 0.5, log: true}",
         "trainer.total_training_steps=2",
         "algorithm.filter_groups={enable: true, metric: seq_reward, max_num_gen_batches: 8}",
         "actor_rollout_ref.actor.clip_ratio_high=0.28",
@@ -275,6 +281,13 @@ def test_dapo_dynamic_sampling_trains_on_informative_groups_only(cli_runs):
     assert code == 0, output[-3000:]
     steps = [r["data"] for r in records if r["data"]]
     assert len(steps) == 2 and all(1 <= s["train/num_gen_batches"] <= 8 for s in steps)
+    # veRL 0.10's names: prompt groups dropped (16 per generation batch, minus the kept), the kept beyond 16
+    for s in steps:
+        evicted, surplus = (
+            s["training/filter_groups/evicted_samples"],
+            s["training/filter_groups/discarded_surplus_samples"],
+        )
+        assert evicted + 16 + surplus == 16 * s["train/num_gen_batches"] and surplus >= 0
     for step in (1, 2):
         rows = read_jsonl(work / "rollouts" / f"{step}.jsonl")
         assert len(rows) == 16 * 4  # a full training batch, whatever the number of generation batches
@@ -282,6 +295,10 @@ def test_dapo_dynamic_sampling_trains_on_informative_groups_only(cli_runs):
         for r in rows:
             by_prompt.setdefault(r["input"], []).append(r["score"])
         assert all(len(set(scores)) > 1 for scores in by_prompt.values())  # no group with one score survived
+        # reward.*: the dapo manager with its overlong buffer (len 4 of 8 tokens, factor 0.5, log: true) scored
+        assert all(-0.5 <= r["overlong_reward"] <= 0 and r["overlong"] == (r["overlong_reward"] < 0) for r in rows)
+        assert any(r["overlong"] for r in rows) and any(r["overlong_reward"] == -0.5 for r in rows)
+    assert "older name" not in output  # a veRL 0.10 script: nothing to read from older names
 
 
 @cli_run("optimal_token_baseline", cost_s=40)
@@ -332,7 +349,7 @@ def test_rollout_correction_bypass_mode_and_the_optimal_token_baseline(cli_runs)
 def test_bad_config_fails_before_ray_naming_every_problem(tmp_path, cli):
     code, output, _ = cli(tmp_path, "trainer.mode=fast", "actor_rollout_ref.actor.clip_ratio=-1")
     assert code != 0
-    assert "2 problem(s) in the config" in output and "trainer.mode='fast'; use one of" in output
+    assert "2 problem(s) in the config" in output and "trainer.v1.trainer_mode='fast'; use one of" in output
     assert "Started a local Ray instance" not in output
 
 
@@ -446,8 +463,8 @@ def test_verl_quickstart_command_runs_on_local_tiny_files(cli_runs):
     log = work / "curriculum.log"
     assert code == 0, output[-3000:]
     last = records[-1]["data"]
-    assert_finite(last, "val-core/openai/gsm8k/reward/mean@1", "critic/vf_loss", "critic/values/mean", "actor/pg_loss")
-    assert 0.0 <= last["val-core/openai/gsm8k/reward/mean@1"] <= 1.0  # gsm8k's scorer gives 0 or 1 per sample
+    assert_finite(last, "val-core/openai/gsm8k/acc/mean@1", "critic/vf_loss", "critic/values/mean", "actor/pg_loss")
+    assert 0.0 <= last["val-core/openai/gsm8k/acc/mean@1"] <= 1.0  # gsm8k's scorer gives 0 or 1 per sample
     assert last["critic/vf_loss"] > 0 and last["critic/advantages/mean"] == pytest.approx(0.0, abs=1e-5)  # whitened
     assert (work / "ckpt" / "global_step_2" / "actor").is_dir()  # save at the last step
     # veRL's curriculum hook: update(batch) after each trained step, with that step's scored batch

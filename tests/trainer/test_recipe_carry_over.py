@@ -1,5 +1,7 @@
-"""A veRL user's recipe, run unchanged: its own main with a ``ray.remote``-decorated TaskRunner subclass, a trainer
-subclass whose ``fit()`` is written in veRL's recipe style, a reward file with veRL's exact signature, and an
+"""A veRL user's recipe, run unchanged: its own main with a ``ray.remote``-decorated TaskRunner subclass that builds
+the trainer without datasets, a trainer subclass whose ``__init__`` skips ours (veRL's SPPO does) and whose ``fit()``
+is written in veRL's recipe style (both of veRL's generation calls on a batch it repeated ``n`` times), a reward file
+with veRL's exact signature, and an
 ``external_lib`` module that registers an estimator and a policy loss without ``**kwargs``.
 
 One real run (subprocess, Ray, FSDP workers, the hf engine, CPU) feeds every assertion below.
@@ -65,19 +67,37 @@ import torch
 from omegaconf import OmegaConf
 
 from verl import DataProto
-from verl.trainer.main_ppo import TaskRunner, create_rl_dataset, create_rl_sampler, run_ppo
+from verl.trainer.main_ppo import TaskRunner, run_ppo
 from verl.trainer.ppo.core_algos import agg_loss
 from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_throughout_metrics, compute_timing_metrics
 from verl.trainer.ppo.ray_trainer import AdvantageEstimator, RayPPOTrainer, compute_advantage, compute_response_mask
 from verl.trainer.ppo.reward import load_reward_manager
+from verl.trainer.ppo.utils import need_reference_policy, need_reward_model
 from verl.utils import hf_tokenizer
 from verl.utils.fs import copy_to_local
 from verl.utils.metric import reduce_metrics
 from verl.utils.profiler import marked_timer
-from verl.utils.tracking import Tracking
+from verl.utils.tracking import Tracking, ValidationGenerationsLogger
 
 
 class MyTrainer(RayPPOTrainer):
+    def __init__(self, config, tokenizer, role_worker_mapping, resource_pool_manager, ray_worker_group_cls=None,
+                 processor=None, reward_fn=None, val_reward_fn=None, train_dataset=None, val_dataset=None,
+                 collate_fn=None, train_sampler=None, device_name=None):
+        # veRL's SPPO style: sets its own attributes and never calls RayPPOTrainer.__init__
+        self.tokenizer, self.processor, self.config = tokenizer, processor, config
+        self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn
+        self.hybrid_engine = config.actor_rollout_ref.hybrid_engine
+        self.role_worker_mapping, self.resource_pool_manager = role_worker_mapping, resource_pool_manager
+        self.use_reference_policy = need_reference_policy(role_worker_mapping)
+        self.use_rm = need_reward_model(role_worker_mapping)
+        self.use_critic = False
+        self.ray_worker_group_cls = ray_worker_group_cls
+        self.validation_generations_logger = ValidationGenerationsLogger()
+        self.device_name = device_name if device_name else self.config.trainer.device
+        self.init_style = "verl"
+        self._create_dataloader(train_dataset, val_dataset, collate_fn, train_sampler)
+
     def fit(self):
         logger = Tracking(
             project_name=self.config.trainer.project_name,
@@ -103,7 +123,11 @@ class MyTrainer(RayPPOTrainer):
                 is_last_step = self.global_steps >= self.total_training_steps
                 with marked_timer("step", timing_raw):
                     with marked_timer("gen", timing_raw, "red"):
-                        gen_batch_output = self.async_rollout_manager.generate_sequences(gen_batch_output)
+                        if self.global_steps % 2:  # both of veRL's calls: one response per (repeated) row
+                            gen_batch_output = self.async_rollout_manager.generate_sequences(gen_batch_output)
+                        else:
+                            gen_batch_output = self.actor_rollout_wg.generate_sequences(gen_batch_output)
+                        metrics["recipe/gen_rows"] = len(gen_batch_output)
                         timing_raw.update(gen_batch_output.meta_info["timing"])
                         gen_batch_output.meta_info.pop("timing", None)
                     batch = batch.repeat(repeat_times=n, interleave=True)
@@ -143,6 +167,7 @@ class MyTrainer(RayPPOTrainer):
                         )
                     with marked_timer("update_actor", timing_raw, "red"):
                         actor_output = self._update_actor(batch)
+                        metrics["recipe/mini_batches"] = len(actor_output.meta_info["metrics"]["actor/pg_loss"])
                     metrics.update(reduce_metrics(actor_output.meta_info["metrics"]))
                     with marked_timer("update_weights", timing_raw, "red"):
                         self.checkpoint_manager.update_weights()
@@ -166,6 +191,7 @@ class MyTrainer(RayPPOTrainer):
                 n_gpus = self.resource_pool_manager.get_n_gpus()
                 metrics.update(compute_throughout_metrics(batch=batch, timing_raw=timing_raw, n_gpus=n_gpus))
                 metrics["recipe/fit_step"] = self.global_steps
+                metrics["recipe/verl_style_init"] = float(self.init_style == "verl")
                 logger.log(data=metrics, step=self.global_steps)
                 if is_last_step:
                     logger.finish()
@@ -184,11 +210,7 @@ class MyRunner(TaskRunner):
         reward_kwargs = config.reward_model.get("reward_kwargs", {})
         reward_fn = load_reward_manager(config, tokenizer, num_examine=0, **reward_kwargs)
         val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1)
-        from verl.utils.dataset.rl_dataset import collate_fn
-
-        train_dataset = create_rl_dataset(config.data.train_files, config.data, tokenizer, None, is_train=True)
-        val_dataset = create_rl_dataset(config.data.val_files, config.data, tokenizer, None, is_train=False)
-        trainer = MyTrainer(
+        trainer = MyTrainer(  # no datasets: the trainer builds them from config.data, as veRL's does
             config=config,
             tokenizer=tokenizer,
             processor=None,
@@ -197,10 +219,6 @@ class MyRunner(TaskRunner):
             ray_worker_group_cls=ray_worker_group_cls,
             reward_fn=reward_fn,
             val_reward_fn=val_reward_fn,
-            train_dataset=train_dataset,
-            val_dataset=val_dataset,
-            collate_fn=collate_fn,
-            train_sampler=create_rl_sampler(config.data, train_dataset),
         )
         trainer.init_workers()
         trainer.fit()
@@ -234,6 +252,8 @@ def _recipe_carry_over(tmp: Path) -> Prepared:
         "actor_rollout_ref.actor.policy_loss.loss_mode=carry_over_pg",
         "actor_rollout_ref.model.external_lib=my_lib",
         "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=3",  # 16 samples: mini-batches of 6 + 6 + 4, as veRL
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
         "actor_rollout_ref.rollout.mode=async",
         "data.dataloader_num_workers=0",
         f"custom_reward_function.path={tmp / 'my_reward.py'}",
@@ -266,8 +286,15 @@ def test_the_recipe_trains_with_its_own_fit(recipe_run):
     tmp, code, output, steps = recipe_run
     assert code == 0, output[-4000:]
     assert [s["recipe/fit_step"] for s in steps] == [1, 2]
+    # its __init__ skipped ours: init_workers completed it
+    assert all(s["recipe/verl_style_init"] == 1.0 for s in steps)
+    # an early-2026 command line: its custom_reward_function.path is read into veRL 0.10's reward.* with a warning
+    assert "custom_reward_function.path=" in output
+    assert "is veRL's older name of reward.custom_reward_function.path" in output
+    # a batch repeated n=2 times gives one response per row through either call; a last partial mini-batch trains
+    assert [s["recipe/gen_rows"] for s in steps] == [16, 16] and [s["recipe/mini_batches"] for s in steps] == [3, 3]
     assert all(s["critic/score/mean"] > 0 for s in steps)  # veRL's signature, no **kwargs: scored, not zeroed
-    val = steps[-1]["val-core/openai/gsm8k/reward/mean@1"]  # _validate() at the last step
+    val = steps[-1]["val-core/openai/gsm8k/acc/mean@1"]  # _validate() at the last step
     assert isinstance(val, float) and 0.0 <= val <= 1.0, val  # a finite mean of 0/1 scores ("nan" is a string)
     assert steps[0]["actor/carry_over_pg"] == 1.0  # the registered loss ran in the actor
     assert "timing_s/generate_sequences" in steps[0] and "global_seqlen/mean" in steps[0]

@@ -112,6 +112,11 @@ def test_partial_rollout_across_two_nodes_keeps_the_bound_and_the_accounting(asy
         0 < d["fully_async/partial/partial_ratio"] < 1 for d in later if d["fully_async/partial/total_partial_num"]
     )
     assert any(d["async/staleness/mean"] < 1 for d in later)  # groups begun after a push are fresher
+    # veRL 0.10's per-trajectory names: spans count versions (a resumed request spans 2), the worst staleness is ours
+    off = "training/off_policy/trajectory_"
+    assert all(d[f"{off}staleness_worst/max"] == d["async/staleness/max"] for d in records)
+    assert all(d[f"{off}spans/max"] == d["fully_async/partial/max_partial_span"] + 1 for d in later)
+    assert all(d[f"{off}staleness/max"] <= d[f"{off}staleness_worst/max"] for d in records)
     assert trained_samples(run) == trained_samples(async_runs["sync"])
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from verl.trainer.config.layout import resolve_layout
 from verl.trainer.config.validate import merged
 from verl.trainer.main_ppo import TaskRunner
 from verl.trainer.ppo.utils import Role, check_ref_worker, need_reference_policy
@@ -16,7 +17,8 @@ def actor_class(remote_cls):
 
 
 def test_helpers_fill_the_mappings():
-    config = merged(["actor_rollout_ref.actor.use_kl_loss=true", "reward_model.enable=true"])
+    # an earlier script's reward_model.enable, read into reward.reward_model.enable as run_ppo does
+    config = resolve_layout(merged(["actor_rollout_ref.actor.use_kl_loss=true", "reward_model.enable=true"]))
     runner = TaskRunner()
     actor_cls, group_cls = runner.add_actor_rollout_worker(config)
     runner.add_critic_worker(config)
@@ -49,10 +51,10 @@ def test_resource_pools():
         [
             "trainer.n_gpus_per_node=2",
             "trainer.nnodes=2",
-            "reward_model.enable=true",
-            "reward_model.enable_resource_pool=true",
-            "reward_model.n_gpus_per_node=1",
-            "reward_model.nnodes=1",
+            "reward.reward_model.enable=true",
+            "reward.reward_model.enable_resource_pool=true",
+            "reward.reward_model.n_gpus_per_node=1",
+            "reward.reward_model.nnodes=1",
         ]
     )
     runner = TaskRunner()
@@ -60,8 +62,8 @@ def test_resource_pools():
     manager = runner.init_resource_pool_mgr(config)
     assert manager.resource_pool_spec == {"global_pool": [2, 2], "reward_pool": [1]}
     assert manager.mapping == {Role.RewardModel: "reward_pool"} and manager.get_n_gpus() == 5
-    config.reward_model.n_gpus_per_node = 0
-    with pytest.raises(ValueError, match="reward_model.n_gpus_per_node"):
+    config.reward.reward_model.n_gpus_per_node = 0
+    with pytest.raises(ValueError, match="reward.reward_model.n_gpus_per_node"):
         runner.init_resource_pool_mgr(config)
 
 

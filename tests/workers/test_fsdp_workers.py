@@ -74,7 +74,7 @@ def prompts() -> DataProto:
     return DataProto.from_dict(
         {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids},
         {"uid": np.array([f"p{i}" for i in range(PROMPTS)], dtype=object)},
-        meta_info={"eos_token_id": 1, "pad_token_id": 0, "global_steps": 1},
+        meta_info={"eos_token_id": 1, "pad_token_id": 0, "global_steps": 1, "n": N},
     )
 
 

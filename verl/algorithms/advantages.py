@@ -85,10 +85,14 @@ def compute_gae_advantage_return(
 def compute_reinforce_plus_plus_outcome_advantage(
     token_level_rewards: torch.Tensor, response_mask: torch.Tensor, config: Any = None, **kwargs: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE++ (Hu 2025, arXiv:2501.03262): discounted return-to-go, whitened over the batch.
+    """REINFORCE++ (Hu 2025, arXiv:2501.03262): discounted return-to-go over the generated tokens, whitened over the
+    batch.
 
-    G_t = r_t + γ·G_{t+1}, where the running return is reset to 0 after every masked position (so a return never
-    crosses padding or the boundary between turns); A = masked_whiten(G)·mask; the returns are G.
+    G_t = r_t + γ·G_{t'} on tokens with ``response_mask`` = 1, t' the next such token (0 past the last); G_t = 0
+    on masked tokens (padding, and observation/tool tokens between the turns of a multi-turn response). The running
+    return passes through a masked span unchanged (no reward added, no discount applied), so the final reward
+    reaches every earlier turn, as in veRL 0.10 (before, the return restarted at 0 after each masked token).
+    A = masked_whiten(G)·mask; the returns are G.
 
     Shape: rewards, response_mask (bs, response_length) → advantages, returns (bs, response_length).
 
@@ -104,12 +108,11 @@ def compute_reinforce_plus_plus_outcome_advantage(
     rewards_t = token_level_rewards.to(dtype).T.contiguous()
     valid_t = (response_mask != 0).T.contiguous()
 
-    returns_t = torch.empty_like(rewards_t)
+    returns_t = torch.zeros_like(rewards_t)
     running = torch.zeros_like(rewards_t[0])
     for t in range(rewards_t.shape[0] - 1, -1, -1):
-        running = rewards_t[t] + gamma * running
-        returns_t[t] = running
-        running = torch.where(valid_t[t], running, torch.zeros_like(running))
+        running = torch.where(valid_t[t], rewards_t[t] + gamma * running, running)
+        returns_t[t] = torch.where(valid_t[t], running, returns_t[t])
 
     returns = returns_t.T.contiguous()
     mask = response_mask.to(dtype)

@@ -32,8 +32,16 @@ __all__ = [
 KL_PENALTY_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 
 # How `agg_loss` reduces a (bs, response_length) loss matrix to a scalar (`actor.loss_agg_mode`, `critic.loss_agg_mode`;
-# see verl.algorithms.agg.agg_loss).
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+# see verl.algorithms.agg.agg_loss). "seq-mean-token-sum-norm-legacy" is what "seq-mean-token-sum-norm" meant before
+# veRL 0.8 (Σ of all token losses ÷ loss_scale_factor, no mean over sequences).
+LOSS_AGG_MODES = (
+    "token-mean",
+    "token-sum",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+    "seq-mean-token-sum-norm-legacy",
+)
 
 # Rejection-sampling criteria of `rollout_corr_helper.compute_rollout_rejection_mask`: the statistic is a KL estimator
 # of log r = log π_train − log π_rollout (k1 = −log r, k2 = ½(log r)², k3 = r − 1 − log r), taken per token or summed,
@@ -171,11 +179,14 @@ class FilterGroupsConfig(BaseConfig):
         enable: turn the filter on.
         metric: per-sample metric to test, e.g. "acc", "score", "seq_reward", "seq_final_reward".
         max_num_gen_batches: give up after this many generation batches per step (<= 0: no limit).
+        max_inflight_gen_batches: veRL 0.10's bound on the generation batches its replay buffer keeps in flight
+            (its V1 trainer); here generation batches run one after another (a value other than 1 warns).
     """
 
     enable: bool = False
     metric: str | None = None
     max_num_gen_batches: int = 0
+    max_inflight_gen_batches: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.enable, bool):
@@ -309,8 +320,11 @@ class AlgoConfig(BaseConfig):
         kl_ctrl: the coefficient β.
         use_pf_ppo: resample the batch by score before the update (PF-PPO).
         pf_ppo: PF-PPO settings.
-        filter_groups: DAPO dynamic sampling; None: off.
+        filter_groups: DAPO dynamic sampling (off unless ``enable``; None: off too, veRL's older default).
         rollout_correction: train/inference mismatch correction.
+        gdpo_reward_keys: GDPO's reward components (keys of the scoring function's dict), required by
+            ``adv_estimator=gdpo``; veRL's scripts add it with ``+algorithm.gdpo_reward_keys=[...]``.
+        gdpo_reward_weights: their weights (None: equal).
     """
 
     gamma: float = 1.0
@@ -322,15 +336,18 @@ class AlgoConfig(BaseConfig):
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     use_pf_ppo: bool = False
     pf_ppo: PFPPOConfig = field(default_factory=PFPPOConfig)
-    filter_groups: FilterGroupsConfig | None = None
+    filter_groups: FilterGroupsConfig | None = field(default_factory=FilterGroupsConfig)
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    gdpo_reward_keys: list[str] | None = None
+    gdpo_reward_weights: list[float] | None = None
 
     def __post_init__(self) -> None:
         for name in ("gamma", "lam"):
             value = getattr(self, name)
             if not _is_number(value) or not 0.0 <= value <= 1.0:
                 raise ValueError(f"algorithm.{name}={value!r} must be a number in [0, 1]")
-        if not isinstance(self.adv_estimator, str) or not self.adv_estimator:
+        # null: a recipe whose own fit() computes advantages (SPPO); the trainer's fit() refuses it
+        if self.adv_estimator is not None and (not isinstance(self.adv_estimator, str) or not self.adv_estimator):
             raise ValueError(
                 f"algorithm.adv_estimator={self.adv_estimator!r} must name a registered advantage estimator "
                 f"(e.g. 'gae', 'grpo', 'rloo', 'reinforce_plus_plus', 'remax', 'opo', 'gpg')"
@@ -339,6 +356,16 @@ class AlgoConfig(BaseConfig):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"algorithm.{name}={getattr(self, name)!r} must be true or false")
         validate_kl_penalty_type("algorithm.kl_penalty", self.kl_penalty)
+        keys, weights = self.gdpo_reward_keys, self.gdpo_reward_weights
+        if self.adv_estimator == "gdpo" and not keys:
+            raise ValueError(
+                "algorithm.adv_estimator=gdpo needs algorithm.gdpo_reward_keys: the reward components to normalise "
+                "(+algorithm.gdpo_reward_keys=[...], keys of the scoring function's dict)"
+            )
+        if keys is not None and weights is not None and len(weights) != len(keys):
+            raise ValueError(
+                f"algorithm.gdpo_reward_weights has {len(weights)} weights for {len(keys)} gdpo_reward_keys"
+            )
         nested = {
             "kl_ctrl": (KLControlConfig, False),
             "pf_ppo": (PFPPOConfig, False),

@@ -27,6 +27,7 @@ from verl.algorithms.agg import agg_loss
 from verl.algorithms.aux_losses import compute_entropy_loss, compute_value_loss
 from verl.algorithms.cov_losses import compute_policy_loss_clip_cov, compute_policy_loss_kl_cov
 from verl.algorithms.group_advantages import (
+    compute_gdpo_outcome_advantage,
     compute_gpg_outcome_advantage,
     compute_grpo_outcome_advantage,
     compute_grpo_passk_outcome_advantage,
@@ -53,6 +54,9 @@ from verl.algorithms.policy_losses import (
     compute_policy_loss,
     compute_policy_loss_bypass_mode,
     compute_policy_loss_cispo,
+    compute_policy_loss_dppo_kl,
+    compute_policy_loss_dppo_tv,
+    compute_policy_loss_dro,
     compute_policy_loss_geo_mean,
     compute_policy_loss_gpg,
     compute_policy_loss_gspo,
@@ -81,6 +85,7 @@ __all__ = [
     "agg_loss",
     "compute_entropy_loss",
     "compute_gae_advantage_return",
+    "compute_gdpo_outcome_advantage",
     "compute_gpg_outcome_advantage",
     "compute_grpo_outcome_advantage",
     "compute_grpo_passk_outcome_advantage",
@@ -93,6 +98,9 @@ __all__ = [
     "compute_policy_loss_bypass_mode",
     "compute_policy_loss_cispo",
     "compute_policy_loss_clip_cov",
+    "compute_policy_loss_dppo_kl",
+    "compute_policy_loss_dppo_tv",
+    "compute_policy_loss_dro",
     "compute_policy_loss_geo_mean",
     "compute_policy_loss_gpg",
     "compute_policy_loss_gspo",

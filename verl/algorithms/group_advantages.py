@@ -1,4 +1,4 @@
-"""Outcome-reward advantage estimators that compare the responses to the same prompt: GRPO, Dr.GRPO, Pass@k,
+"""Outcome-reward advantage estimators that compare the responses to the same prompt: GRPO, Dr.GRPO, GDPO, Pass@k,
 RLOO, OPO, GPG and REINFORCE++-baseline.
 
 Each sample's score is its summed token reward; the group of a sample is given by ``index`` (the prompt ``uid``).
@@ -8,6 +8,7 @@ computed in fp64 from scores summed in at least fp32; the scalar advantage is br
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ from verl.algorithms.registry import AdvantageEstimator, register_adv_est
 from verl.utils.torch_functional import as_torch_index, group_mean, group_mean_std, group_sum, masked_whiten
 
 __all__ = [
+    "compute_gdpo_outcome_advantage",
     "compute_gpg_outcome_advantage",
     "compute_grpo_outcome_advantage",
     "compute_grpo_passk_outcome_advantage",
@@ -41,6 +43,13 @@ def _scores_and_groups(
     scores = token_level_rewards.sum(dim=-1, dtype=compute_dtype(token_level_rewards)).double()
     groups = as_torch_index(index, device=scores.device)
     return scores, groups, int(groups.max()) + 1 if groups.numel() else 0
+
+
+def _grpo_normalise(scores: torch.Tensor, groups: torch.Tensor, epsilon: float, norm_by_std: bool) -> torch.Tensor:
+    """(s − mean_g) / (std_g + ε), or s − mean_g without ``norm_by_std``; a singleton group uses mean 0, std 1."""
+    mean, std, _ = group_mean_std(scores, groups, eps=0.0)
+    centered = scores - mean[groups]
+    return centered / (std[groups] + epsilon) if norm_by_std else centered
 
 
 def _broadcast(
@@ -70,9 +79,7 @@ def compute_grpo_outcome_advantage(
     Shape: rewards, response_mask (bs, response_length), index (bs,) → advantages, returns (the same tensor).
     """
     scores, groups, _ = _scores_and_groups(token_level_rewards, response_mask, index)
-    mean, std, _ = group_mean_std(scores, groups, eps=0.0)
-    centered = scores - mean[groups]
-    advantage = centered / (std[groups] + epsilon) if norm_adv_by_std_in_grpo else centered
+    advantage = _grpo_normalise(scores, groups, epsilon, norm_adv_by_std_in_grpo)
     advantages = _broadcast(advantage, token_level_rewards, response_mask)
     return advantages, advantages
 
@@ -80,6 +87,114 @@ def compute_grpo_outcome_advantage(
 # veRL keeps a separate vectorized twin; here there is one (vectorized) implementation under both names.
 compute_grpo_vectorized_outcome_advantage = compute_grpo_outcome_advantage
 register_adv_est(AdvantageEstimator.GRPO_VECTORIZED)(compute_grpo_outcome_advantage)
+
+
+def _reward_components(non_tensor_batch: Mapping[str, Any], keys: Sequence[str], batch_size: int) -> list[torch.Tensor]:
+    """One fp64 (bs,) tensor per key of ``non_tensor_batch``; every problem names the key (and the row)."""
+    missing = [key for key in keys if key not in non_tensor_batch]
+    if missing:
+        raise ValueError(
+            f"algorithm.gdpo_reward_keys names {missing}, which the batch does not hold; the reward function's "
+            f"dict must return them (non-tensor keys present: {sorted(non_tensor_batch)})"
+        )
+    components = []
+    for key in keys:
+        try:
+            values = np.asarray(non_tensor_batch[key], dtype=np.float64)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"GDPO reward component {key!r} must hold one number per sample: {e}") from None
+        if values.shape != (batch_size,):
+            raise ValueError(
+                f"GDPO reward component {key!r} has shape {values.shape}; expected one number per sample "
+                f"({batch_size},)"
+            )
+        bad = np.flatnonzero(~np.isfinite(values))
+        if bad.size:
+            raise ValueError(f"GDPO reward component {key!r} is {values[bad[0]]} at row {int(bad[0])}")
+        components.append(torch.from_numpy(values))
+    return components
+
+
+def _gdpo_weights(weights: Sequence[float] | None, keys: Sequence[str]) -> list[float]:
+    if weights is None:
+        return [1.0] * len(keys)
+    weights = list(weights)
+    if len(weights) != len(keys) or not all(
+        isinstance(w, int | float) and not isinstance(w, bool) and np.isfinite(w) for w in weights
+    ):
+        raise ValueError(
+            f"algorithm.gdpo_reward_weights={weights!r} must be {len(keys)} finite numbers, one per key of "
+            f"algorithm.gdpo_reward_keys={list(keys)}"
+        )
+    return [float(w) for w in weights]
+
+
+@register_adv_est(AdvantageEstimator.GDPO)
+@torch.no_grad()
+def compute_gdpo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+    config: Any = None,
+    non_tensor_batch: Mapping[str, Any] | None = None,
+    batch: Any = None,
+    gdpo_reward_keys: Sequence[str] | None = None,
+    gdpo_reward_weights: Sequence[float] | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GDPO, Group reward-Decoupled normalization Policy Optimization (Liu et al. 2026, arXiv:2601.05242).
+
+    With several rewards (accuracy, format, ...), GRPO on their sum lets the widest-spread one decide the sign of the
+    advantage. GDPO normalises each reward k on its own within the prompt group, then sums and whitens over the batch:
+
+        Â_ik = (s_ik − mean_g(s_k)) / (std_g(s_k) + ε);   A_i = Σ_k w_k·Â_ik;   A = whiten(A_i·m)·m,
+
+    s_ik = ``non_tensor_batch[key_k][i]`` (the reward function's dict puts each component there), w_k =
+    ``gdpo_reward_weights`` (default 1 each), the whitening over the batch's valid tokens. Each Â_ik is exactly
+    :func:`compute_grpo_outcome_advantage`'s (``norm_adv_by_std_in_grpo=False`` drops the std; a singleton group
+    has mean 0, std 1).
+
+    ``gdpo_reward_keys`` / ``gdpo_reward_weights`` default to ``config.gdpo_reward_keys`` / ``.gdpo_reward_weights``
+    (``algorithm.*``). Called without keys and without ``non_tensor_batch`` (a direct call, as veRL allows), the one
+    reward is the summed ``token_level_rewards``: GRPO, then whitened. ``batch`` is accepted for veRL's signature and
+    not read (veRL only uses it to place each value on the last response token before summing the row).
+
+    Shape: rewards, response_mask (bs, response_length), index (bs,) → advantages, returns (the same tensor).
+
+    Raises:
+        ValueError: ``non_tensor_batch`` given without reward keys, a key it lacks, a component that is not one
+            finite number per sample, or weights that do not match the keys.
+    """
+    check_same_shape(token_level_rewards=token_level_rewards, response_mask=response_mask)
+    keys = gdpo_reward_keys if gdpo_reward_keys is not None else cfg_get(config, "gdpo_reward_keys", None)
+    weights = gdpo_reward_weights if gdpo_reward_weights is not None else cfg_get(config, "gdpo_reward_weights", None)
+    if isinstance(keys, str):
+        raise ValueError(f"algorithm.gdpo_reward_keys={keys!r} must be a list of keys, e.g. [{keys!r}]")
+    scores, groups, _ = _scores_and_groups(token_level_rewards, response_mask, index)
+    if keys:
+        if non_tensor_batch is None:
+            raise ValueError(
+                f"GDPO needs the batch's non-tensor data (non_tensor_batch) to read algorithm.gdpo_reward_keys="
+                f"{list(keys)}"
+            )
+        components = [c.to(scores.device) for c in _reward_components(non_tensor_batch, keys, scores.shape[0])]
+    elif non_tensor_batch is not None:
+        raise ValueError(
+            "GDPO needs algorithm.gdpo_reward_keys: the keys of the reward components the reward function returns in "
+            f"its dict (non-tensor keys present: {sorted(non_tensor_batch)})"
+        )
+    else:
+        keys, components = ["token_level_rewards"], [scores]
+    total = torch.zeros_like(scores)
+    for w, component in zip(_gdpo_weights(weights, keys), components):
+        total += w * _grpo_normalise(component, groups, epsilon, norm_adv_by_std_in_grpo)
+    dtype = torch.promote_types(token_level_rewards.dtype, torch.float32)
+    mask = response_mask.to(dtype)
+    summed = total.to(dtype).unsqueeze(-1) * mask
+    advantages = masked_whiten(summed, mask).mul_(mask).to(token_level_rewards.dtype)
+    return advantages, advantages
 
 
 @register_adv_est(AdvantageEstimator.GRPO_PASSK)

@@ -107,7 +107,7 @@ def compute_optimal_token_baseline_advantage(
     old_log_probs: torch.Tensor,
     sum_pi_squared: torch.Tensor,
     rollout_is_weights: torch.Tensor | None = None,
-    handle_zero_tail: bool = False,
+    handle_zero_tail: bool = True,
     epsilon: float = 1e-8,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,8 +119,9 @@ def compute_optimal_token_baseline_advantage(
     Techniques for Gradient Estimates in Reinforcement Learning", JMLR 5) with the cumulative squared
     score-function norm of a softmax policy as the weight. G is the reward-to-go,
     π_j = exp(old_log_probs), Σπ² comes from the old-log-prob pass (``actor.calculate_sum_pi_squared``) and ρ are the
-    optional rollout IS weights. A singleton group has baseline 0. With ``handle_zero_tail`` the unique longest
-    trajectory of a group gets baseline 0 past the second-longest length, where it has no peers.
+    optional rollout IS weights. A singleton group has baseline 0. With ``handle_zero_tail`` (the default since veRL
+    0.10; False before) the unique longest trajectory of a group gets baseline 0 past the second-longest length,
+    where it has no peers. Extra keyword arguments from the trainer are ignored.
 
     Shape: all tensors (bs, response_length), index (bs,) → advantages, returns (bs, response_length).
     """

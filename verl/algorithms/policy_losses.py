@@ -3,7 +3,8 @@
     loss_fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
         -> (loss, {"actor/pg_clipfrac": float, "actor/ppo_kl": float, "actor/pg_clipfrac_lower": float, ...})
 
-``config`` is the actor config (an ``ActorConfig``, a DictConfig or a dict; missing keys take veRL's defaults).
+(``dro`` returns only ``actor/ppo_kl``, as veRL's does.) ``config`` is the actor config (an ``ActorConfig``, a
+DictConfig or a dict; missing keys take veRL's defaults).
 Only ``loss`` carries a gradient. Entries where ``response_mask`` is 0 never reach the loss or its gradient, even if
 they hold NaN or inf. ``rollout_is_weights`` (rollout-correction IS weights, no gradient) multiply the per-token loss.
 The loss is reduced with ``agg_loss`` and ``config.global_batch_info``. Clip-Cov and KL-Cov live in ``cov_losses``.
@@ -11,6 +12,7 @@ The loss is reduced with ``agg_loss`` and ``config.global_batch_info``. Clip-Cov
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any
 
@@ -26,6 +28,9 @@ __all__ = [
     "compute_policy_loss",
     "compute_policy_loss_bypass_mode",
     "compute_policy_loss_cispo",
+    "compute_policy_loss_dppo_kl",
+    "compute_policy_loss_dppo_tv",
+    "compute_policy_loss_dro",
     "compute_policy_loss_geo_mean",
     "compute_policy_loss_gpg",
     "compute_policy_loss_gspo",
@@ -249,6 +254,154 @@ def compute_policy_loss_cispo(
     loss = agg_loss(pg_losses, mask, loss_agg_mode, **global_batch_kwargs(config))
     with torch.no_grad():
         metrics = pg_metrics(masked_mean((weight != ratio).to(mask.dtype), mask), masked_mean(-log_ratio, mask), 0.0)
+    return loss, metrics
+
+
+def _dppo(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str,
+    config: Any,
+    rollout_is_weights: torch.Tensor | None,
+    divergence: str,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """DPPO-Binary with the ``divergence`` ("tv" or "kl") trust region; see :func:`compute_policy_loss_dppo_tv`."""
+    old_log_prob, log_prob, advantages, mask, valid = prepare_policy_inputs(
+        old_log_prob, log_prob, advantages, response_mask, rollout_is_weights
+    )
+    delta_low, delta_high = clip_bounds(config)
+    clip_c = float(cfg_get(config, "clip_ratio_c", 20.0))
+    if not clip_c > 0:
+        raise ValueError(f"actor.clip_ratio_c={clip_c} must be > 0 (DPPO truncates the ratio at it)")
+    log_ratio = torch.clamp(log_prob - old_log_prob, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    ratio = torch.exp(log_ratio).detach()
+    with torch.no_grad():  # the trust-region mask is a constant of the loss
+        prob, old_prob = torch.exp(log_prob), torch.exp(old_log_prob)
+        if divergence == "tv":
+            gain = prob - old_prob
+            inside = torch.where(advantages > 0, gain <= delta_high, gain >= -delta_low)
+        else:
+            # KL(Bernoulli(π_old) ‖ Bernoulli(π)) of the sampled token; 1e-8 keeps π → 1 finite.
+            binary_kl = old_prob * (old_log_prob - log_prob) + (1.0 - old_prob) * torch.log(
+                (1.0 - old_prob + 1e-8) / (1.0 - prob + 1e-8)
+            )
+            inside = torch.where(
+                advantages > 0,
+                (binary_kl <= delta_high) | (prob <= old_prob),
+                (binary_kl <= delta_low) | (prob >= old_prob),
+            )
+        weight = torch.clamp(ratio, max=clip_c) * inside.to(mask.dtype)
+    pg_losses = apply_is_weights(-advantages * weight * log_prob, rollout_is_weights, valid)
+    loss = agg_loss(pg_losses, mask, loss_agg_mode, **global_batch_kwargs(config))
+    with torch.no_grad():
+        metrics = pg_metrics(
+            masked_mean((~inside).to(mask.dtype), mask),
+            masked_mean(-log_ratio, mask),
+            masked_mean(((ratio > clip_c) & inside).to(mask.dtype), mask),
+        )
+    return loss, metrics
+
+
+@register_policy_loss("dppo_tv")
+def compute_policy_loss_dppo_tv(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """DPPO-Binary-TV (Qi et al. 2026, "Rethinking the Trust Region in LLM Reinforcement Learning",
+    arXiv:2602.04879): a trust region on the sampled token's probability instead of PPO's ratio clip.
+
+    L_t = −A·sg(min(r, c))·log π·M_t with r = π/π_old (log-ratio clamped to ±20) and c = ``clip_ratio_c`` (the
+    truncated-IS bound; 20 when the config has no such key). The mask M keeps the tokens whose update stays inside
+    the total-variation trust region of the binary distribution {token, rest}, |π − π_old|, on the side the
+    advantage pushes: M = [π − π_old ≤ δ_high] if A > 0, else [π − π_old ≥ −δ_low], δ_low/δ_high =
+    ``clip_ratio_low/high`` (falling back to ``clip_ratio``; here they are probability differences, not ratio
+    offsets). A masked-out token has no loss and no gradient.
+
+    Metrics: ``pg_clipfrac`` (tokens outside the trust region), ``ppo_kl`` (mean log π_old − log π),
+    ``pg_clipfrac_lower`` (tokens inside it whose ratio was truncated at c).
+
+    Shape: (bs, response_length) inputs → scalar loss.
+    """
+    return _dppo(
+        old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights, divergence="tv"
+    )
+
+
+@register_policy_loss("dppo_kl")
+def compute_policy_loss_dppo_kl(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """DPPO-Binary-KL (Qi et al. 2026, arXiv:2602.04879): :func:`compute_policy_loss_dppo_tv` with the binary KL
+    divergence as the trust region.
+
+    D = π_old·log(π_old/π) + (1 − π_old)·log((1 − π_old + 10⁻⁸)/(1 − π + 10⁻⁸)), the KL between the Bernoulli
+    distributions {sampled token, rest} of the old and the current policy. A token is kept when D is within the
+    bound, or when the update moves π against the advantage's push (such a step leaves no trust region):
+    M = [D ≤ δ_high or π ≤ π_old] if A > 0, else [D ≤ δ_low or π ≥ π_old].
+
+    Metrics as for ``dppo_tv``.
+
+    Shape: (bs, response_length) inputs → scalar loss.
+    """
+    return _dppo(
+        old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights, divergence="kl"
+    )
+
+
+@register_policy_loss("dro")
+def compute_policy_loss_dro(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: torch.Tensor | None = None,
+    dro_beta: float | None = None,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Direct Reward Optimisation's policy loss (Richemond et al. 2024, "Offline Regularised Reinforcement Learning
+    for Large Language Models Alignment", arXiv:2405.19107; in this per-token form with the old policy as the anchor,
+    Kimi Team 2025, "Kimi k1.5", arXiv:2501.12599):
+
+        L_t = −(log π_t·A_t − ½·β·(log π_t − log π_old,t)²).
+
+    Its gradient, (−A + β·(log π − log π_old))·∇log π, is 1/β times the policy gradient of DRO's squared residual
+    ½·(A − β·log(π/π_old))² (with A = r − V): a soft, quadratic pull back to the old policy instead of a clip. So a
+    token with A = 0 still has a gradient.
+
+    β = ``dro_beta``, else ``config.policy_loss.dro_beta`` (``actor.policy_loss.dro_beta``); it must be > 0.
+    No clamping: the quadratic term is the regulariser. Metric: ``actor/ppo_kl`` only (mean log π_old − log π).
+
+    Shape: (bs, response_length) inputs → scalar loss.
+
+    Raises:
+        ValueError: β missing, not a number, or not > 0.
+    """
+    beta = dro_beta if dro_beta is not None else cfg_get(cfg_get(config, "policy_loss", None), "dro_beta", None)
+    if isinstance(beta, bool) or not isinstance(beta, int | float) or not math.isfinite(beta) or beta <= 0:
+        raise ValueError(f"actor.policy_loss.dro_beta={beta!r} must be a number > 0 for loss_mode='dro'")
+    old_log_prob, log_prob, advantages, mask, valid = prepare_policy_inputs(
+        old_log_prob, log_prob, advantages, response_mask, rollout_is_weights
+    )
+    log_ratio = log_prob - old_log_prob
+    pg_losses = -(log_prob * advantages - 0.5 * float(beta) * log_ratio.square())
+    pg_losses = apply_is_weights(pg_losses, rollout_is_weights, valid)
+    loss = agg_loss(pg_losses, mask, loss_agg_mode, **global_batch_kwargs(config))
+    with torch.no_grad():
+        metrics = {"actor/ppo_kl": float(masked_mean(-log_ratio, mask))}
     return loss, metrics
 
 

@@ -184,6 +184,16 @@ register_checkpoint_engine = CheckpointEngineRegistry.register
 register_checkpoint_engine("naive")(ColocatedCheckpointEngine)
 
 
+def __getattr__(name: str) -> Any:
+    """veRL 0.10's path ``verl.checkpoint_engine.base.CheckpointEngineManager`` (it lives in
+    :mod:`verl.checkpoint_engine.manager`, which imports this module)."""
+    if name == "CheckpointEngineManager":
+        from verl.checkpoint_engine.manager import CheckpointEngineManager
+
+        return CheckpointEngineManager
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def get_checkpoint_engine(config: Any = None, dtype: torch.dtype | str | None = None) -> CheckpointEngine:
     """Build the checkpoint engine named by ``config.backend`` (a mapping or config object; default ``naive``)."""
     get = config.get if hasattr(config, "get") else (lambda key, default=None: getattr(config, key, default))

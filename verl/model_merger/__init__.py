@@ -10,6 +10,9 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
+    "BaseModelMerger": "verl.model_merger.base_model_merger",
+    "ModelMergerConfig": "verl.model_merger.base_model_merger",
+    "validate_hf_model_output": "verl.model_merger.output_validation",
     "build_hf_model": "verl.model_merger.hf_export",
     "compare_state_dicts": "verl.model_merger.hf_export",
     "save_hf_model": "verl.model_merger.hf_export",

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from verl.model_merger.output_validation import validate_hf_model_output
+
 __all__ = [
     "TOKENIZER_FILE_PATTERNS",
     "build_hf_model",
@@ -198,7 +200,8 @@ def save_hf_model(
     ``AutoModelForTokenClassification`` with one label for a value model); the weights keep their dtype and are
     written with ``save_pretrained`` (safetensors), with the generation config and the tokenizer files of
     ``config_dir`` when it has them. Raises ValueError naming the keys when the state dict does not fit the model
-    (see ``build_hf_model``). Returns ``target_dir``.
+    (see ``build_hf_model``), RuntimeError when the written folder is not complete (``validate_hf_model_output``).
+    Returns ``target_dir``.
     """
     model = build_hf_model(state_dict, config_dir, is_value_model=is_value_model, trust_remote_code=trust_remote_code)
     if not is_value_model and os.path.isfile(os.path.join(config_dir, "generation_config.json")):
@@ -208,6 +211,7 @@ def save_hf_model(
     os.makedirs(target_dir, exist_ok=True)
     model.save_pretrained(target_dir)
     copied = copy_tokenizer_files(config_dir, target_dir, with_code=trust_remote_code)
+    validate_hf_model_output(target_dir)
     logger.info(
         "saved %s (%d tensors, %s) to %s%s",
         type(model).__name__,

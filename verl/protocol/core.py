@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import NonTensorData, NonTensorStack, TensorDict
 
 from verl.utils.errors import InvalidDataError
+from verl.utils.tensordict_import import NonTensorData, NonTensorStack, TensorDict
 from verl.utils.tensordict_utils import (
     as_object_array,
     deep_equal,

@@ -7,9 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tensordict import TensorDict
-
 from verl.protocol.core import DataProto
+from verl.utils.tensordict_import import TensorDict
 from verl.utils.tensordict_utils import chunk_tensordict, concat_tensordict
 
 __all__ = ["DataProtoFuture"]

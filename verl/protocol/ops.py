@@ -9,10 +9,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict
 
 from verl.protocol.core import DataProto, DataProtoItem
 from verl.utils.errors import InvalidDataError
+from verl.utils.tensordict_import import TensorDict
 from verl.utils.tensordict_utils import as_object_array
 
 __all__ = [

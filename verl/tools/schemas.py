@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "OpenAIFunctionCallSchema",
@@ -21,23 +21,28 @@ __all__ = [
 
 
 class OpenAIFunctionPropertySchema(BaseModel):
-    """One parameter of a function (``items`` and other JSON-schema keys are kept as given)."""
+    """One parameter of a function (``items`` and other JSON-schema keys are kept as given).
+
+    As in veRL 0.10, ``type`` may be a list (``["integer", "number"]`` for ``int | float``) and ``enum`` may hold any
+    JSON values (``Literal[1, 2]``); ``type`` may also be absent (an ``Any`` parameter, or one described by
+    ``anyOf``).
+    """
 
     model_config = ConfigDict(extra="allow")
 
-    type: str
+    type: str | list[str] | None = None
     description: str | None = None
-    enum: list[str] | None = None
+    enum: list[Any] | None = None
 
 
 class OpenAIFunctionParametersSchema(BaseModel):
-    """The parameters object of a function."""
+    """The parameters object of a function (``required`` may be omitted: no parameter is required)."""
 
     model_config = ConfigDict(extra="allow")
 
     type: str
     properties: dict[str, OpenAIFunctionPropertySchema]
-    required: list[str] = []
+    required: list[str] = Field(default_factory=list)
 
 
 class OpenAIFunctionSchema(BaseModel):

@@ -20,6 +20,7 @@ import hydra
 import ray
 from omegaconf import DictConfig, OmegaConf
 
+from verl.trainer.config.layout import resolve_layout, rollout_pool, trainer_mode
 from verl.trainer.config.validate import rollout_pool_size, validate_config, world_size
 from verl.trainer.constants_ppo import ppo_worker_env
 from verl.utils.ray_utils import cpu_threads_per_worker, required_logical_cpus
@@ -158,15 +159,26 @@ class TaskRunner:
         self.mapping[Role.Critic] = GLOBAL_POOL
 
     def add_reward_model_worker(self, config: DictConfig) -> None:
-        """Map the reward-model role (when ``reward_model.enable``), in its own pool with
-        ``reward_model.enable_resource_pool``."""
+        """Map the reward-model role (when ``reward.reward_model.enable``), in its own pool with
+        ``reward.reward_model.enable_resource_pool``."""
         from verl.trainer.ppo.utils import Role
         from verl.workers.fsdp_workers import RewardModelWorker
 
-        if config.reward_model.enable:
+        if config.reward.reward_model.enable:
             self.role_worker_mapping[Role.RewardModel] = ray.remote(RewardModelWorker)
-            own_pool = config.reward_model.get("enable_resource_pool", False)
+            own_pool = config.reward.reward_model.get("enable_resource_pool", False)
             self.mapping[Role.RewardModel] = REWARD_POOL if own_pool else GLOBAL_POOL
+
+    def add_reward_model_resource_pool(self, config: DictConfig) -> None:
+        """veRL 0.10's name of :meth:`add_reward_model_worker` (its reward model is served, ours is a worker)."""
+        self.add_reward_model_worker(config)
+
+    def add_teacher_model_resource_pool(self, config: DictConfig) -> None:
+        """veRL 0.10's teacher pool of on-policy distillation (``distillation.enabled``), which is not built yet."""
+        from verl.trainer.ppo.utils import need_teacher_policy
+
+        if need_teacher_policy(config):
+            raise NotImplementedError("distillation.enabled=true: on-policy distillation is not built yet")
 
     def add_ref_policy_worker(self, config: DictConfig, ref_policy_cls: type) -> None:
         """Map the reference-policy role when a KL term needs it (it runs inside the actor's workers)."""
@@ -178,19 +190,22 @@ class TaskRunner:
 
     def init_resource_pool_mgr(self, config: DictConfig) -> Any:
         """``global_pool`` of ``trainer.n_gpus_per_node × trainer.nnodes`` workers (and ``reward_pool`` of
-        ``reward_model.n_gpus_per_node × nnodes`` with ``reward_model.enable_resource_pool``; ``rollout_pool`` of
-        the top-level ``rollout.n_gpus_per_node × rollout.nnodes`` rollout servers in ``trainer.mode=
-        separate_async``)."""
+        ``reward.reward_model.n_gpus_per_node × nnodes`` with ``reward.reward_model.enable_resource_pool``;
+        ``rollout_pool`` of the ``actor_rollout_ref.rollout.n_gpus_per_node × nnodes`` rollout servers in
+        ``trainer.v1.trainer_mode=separate_async``)."""
         from verl.trainer.ppo.utils import ResourcePoolManager, Role
 
         spec = {GLOBAL_POOL: [config.trainer.n_gpus_per_node] * config.trainer.nnodes}
         if rollout_pool_size(config):
-            spec[ROLLOUT_POOL] = [config.rollout.n_gpus_per_node] * config.rollout.nnodes
+            nnodes, n_gpus_per_node = rollout_pool(config)
+            spec[ROLLOUT_POOL] = [n_gpus_per_node] * nnodes
             self.mapping[Role.Rollout] = ROLLOUT_POOL
-        if config.reward_model.get("enable_resource_pool", False):
-            rm = config.reward_model
+        if config.reward.reward_model.get("enable_resource_pool", False):
+            rm = config.reward.reward_model
             if rm.n_gpus_per_node <= 0 or rm.nnodes <= 0:
-                raise ValueError("reward_model.enable_resource_pool needs reward_model.n_gpus_per_node and nnodes > 0")
+                raise ValueError(
+                    "reward.reward_model.enable_resource_pool needs reward.reward_model.n_gpus_per_node and nnodes > 0"
+                )
             spec[REWARD_POOL] = [rm.n_gpus_per_node] * rm.nnodes
         use_gpu = config.trainer.get("device", "auto") != "cpu"
         resources = {GLOBAL_POOL: config.trainer.get("custom_resources"), ROLLOUT_POOL: _rollout_resources(config)}
@@ -204,7 +219,7 @@ class TaskRunner:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", force=in_actor)
 
         from verl.trainer.ppo.ray_trainer import RayPPOTrainer
-        from verl.trainer.ppo.reward import load_reward_manager
+        from verl.trainer.ppo.reward import load_reward_fns
         from verl.utils.dataset.rl_dataset import collate_fn, create_rl_dataset, create_rl_sampler
 
         OmegaConf.resolve(config)
@@ -213,9 +228,7 @@ class TaskRunner:
         self.add_reward_model_worker(config)
         self.add_ref_policy_worker(config, actor_rollout_cls)
         tokenizer = load_tokenizer(config.actor_rollout_ref.model)
-        reward_kwargs = dict(config.reward_model.get("reward_kwargs") or {})  # +reward_model.reward_kwargs.*
-        reward_fn = load_reward_manager(config, tokenizer, num_examine=0, **reward_kwargs)
-        val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1, **reward_kwargs)
+        reward_fn, val_reward_fn = load_reward_fns(config, tokenizer)
         train_dataset = create_rl_dataset(config.data.train_files, config.data, tokenizer)
         val_dataset = (
             create_rl_dataset(config.data.val_files, config.data, tokenizer, is_train=False)
@@ -274,6 +287,7 @@ def run_ppo(config: DictConfig, task_runner_class: Any = None, schema: DictConfi
     base config plus what the running Hydra app's primary yaml declares; see `verl.trainer.config.schema`)."""
     _import_external_lib(config)
     start = time.perf_counter()
+    resolve_layout(config)  # veRL's older names read into the newer ones (each named in a warning)
     validate_config(config, schema=schema)
     logger.info(
         "driver: config validated in %.2f s; %.2f s of CPU since the interpreter started",
@@ -291,7 +305,7 @@ def run_ppo(config: DictConfig, task_runner_class: Any = None, schema: DictConfi
         return
     if not ray.is_initialized():
         _init_ray(config)
-    runtime_env = {"env_vars": ppo_worker_env()}
+    runtime_env = {"env_vars": ppo_worker_env(config)}
     if isinstance(runner_cls, ray.actor.ActorClass):  # decorated by the recipe: keep its options, add the env
         runner_cls = runner_cls.options(runtime_env=runtime_env)
     else:
@@ -307,16 +321,20 @@ def _init_ray(config: DictConfig) -> None:
     starts with the node then match the job and host its first actors, instead of new processes started after
     them. On an existing cluster the environment travels as the job's runtime env."""
     ray_init = OmegaConf.to_container(config.ray_kwargs.ray_init, resolve=True) or {}
+    # veRL 0.10's runtime_env.py_executable: the interpreter (or `uv run ...` prefix) of Ray's worker processes
+    runtime_env = {k: v for k, v in (ray_init.pop("runtime_env", None) or {}).items() if v is not None}
     ray_init = {k: v for k, v in ray_init.items() if v is not None}
-    env = ppo_worker_env()
+    env = ppo_worker_env(config)
     if ray_init.get("address") or os.environ.get("RAY_ADDRESS"):
-        ray.init(runtime_env={"env_vars": env}, include_dashboard=False, **ray_init)
+        ray.init(runtime_env={"env_vars": env, **runtime_env}, include_dashboard=False, **ray_init)
         return
+    if runtime_env:
+        ray_init["runtime_env"] = runtime_env
     workers = world_size(config) + rollout_pool_size(config)
     ray_init.setdefault("num_cpus", required_logical_cpus(workers))
     if "OMP_NUM_THREADS" not in os.environ:  # Ray's default is one thread per worker
         # colocate_async runs a resident rollout server beside each training worker
-        computing = workers + (world_size(config) if config.trainer.get("mode") == "colocate_async" else 0)
+        computing = workers + (world_size(config) if trainer_mode(config) == "colocate_async" else 0)
         env["OMP_NUM_THREADS"] = str(cpu_threads_per_worker(computing))
         logger.info(
             "%d computing process(es) on %s cores: OMP_NUM_THREADS=%s each (set it to override)",
@@ -329,8 +347,12 @@ def _init_ray(config: DictConfig) -> None:
 
 
 def _import_trainer_stack() -> None:
-    """What an in-process runner imports first (torch, tensordict, the trainer, the workers' classes), imported
-    beside ``ray.init``, which mostly waits on the processes it starts."""
+    """What an in-process runner imports first (torch, tensordict, the trainer, the workers' classes, the
+    tokenizer's and the datasets' libraries), imported beside ``ray.init``, which mostly waits on the processes it
+    starts."""
+    import pyarrow.parquet  # noqa: F401
+    from transformers import AutoTokenizer  # noqa: F401
+
     import verl.trainer.ppo.ray_trainer  # noqa: F401
     import verl.workers.fsdp_workers  # noqa: F401
 
@@ -345,5 +367,27 @@ def main(config: DictConfig) -> None:
     run_ppo(config)
 
 
+def upsert_existing_plus_overrides(argv: list[str], base: DictConfig) -> list[str]:
+    """``argv`` with each ``+key=value`` whose key the config has turned into ``++key=value`` (set, not add).
+
+    veRL 0.10's config declares keys its earlier config did not (``algorithm.filter_groups.*``), so an earlier
+    script's ``+algorithm.filter_groups.enable=True`` would make Hydra refuse to add a key that exists; setting it
+    is what the script means in either generation."""
+    out = []
+    for arg in argv:
+        key = arg[1:].split("=", 1)[0] if arg.startswith("+") and not arg.startswith("++") and "=" in arg else None
+        exists = key is not None and "@" not in key and OmegaConf.select(base, key, default=_ABSENT) is not _ABSENT
+        out.append("+" + arg if exists else arg)
+    return out
+
+
+_ABSENT = object()
+
+
 if __name__ == "__main__":
+    import sys
+
+    from verl.trainer.config.compose import compose_config
+
+    sys.argv[1:] = upsert_existing_plus_overrides(sys.argv[1:], compose_config("ppo_trainer"))
     main()

@@ -49,7 +49,7 @@ def validate_config(
             logger.warning(
                 "validate_config(%s=%r) is ignored: the config implies %s=%s", name, given, name, derived(config)
             )
-    _validate(config, check_environment=check_environment)
+    _validate(config, check_environment=check_environment, own_keys_declared=True)
 
 
 def load_yaml_file(path: str, where: str) -> Any:

@@ -72,15 +72,50 @@ def get_device_name() -> str:
     return "cpu"
 
 
+class _CPUDevice:
+    """``torch.cpu`` plus the memory statistics veRL's worker code reads from the device module (``torch.cpu`` has
+    none): the process's peak resident memory (``max_*``) and its current resident memory, in bytes."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch.cpu, name)
+
+    @staticmethod
+    def max_memory_allocated(device: Any = None) -> int:
+        import resource
+
+        peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+        return max(peak, _CPUDevice.memory_allocated())
+
+    max_memory_reserved = max_memory_allocated
+
+    @staticmethod
+    def memory_allocated(device: Any = None) -> int:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+
+    memory_reserved = memory_allocated
+
+    @staticmethod
+    def reset_peak_memory_stats(device: Any = None) -> None:
+        """Nothing to reset: the peak is the process's (``getrusage``)."""
+
+
+_CPU_DEVICE = _CPUDevice()
+
+
 def get_torch_device() -> Any:
-    """The torch device module: ``torch.cuda``, ``torch.npu`` or ``torch.cpu``."""
-    return getattr(torch, get_device_name())
-
-
-def get_device_id() -> int:
-    """The index of this process's current accelerator (0 on CPU)."""
+    """The torch device module: ``torch.cuda``, ``torch.npu``, or on CPU ``torch.cpu`` with process memory
+    statistics (:class:`_CPUDevice`)."""
     name = get_device_name()
-    return 0 if name == "cpu" else get_torch_device().current_device()
+    return _CPU_DEVICE if name == "cpu" else getattr(torch, name)
+
+
+def get_device_id() -> int | str:
+    """The index of this process's current accelerator; ``"cpu"`` on CPU (as veRL's, so ``tensor.to(get_device_id())``
+    written for veRL stays on the CPU)."""
+    name = get_device_name()
+    return "cpu" if name == "cpu" else get_torch_device().current_device()
 
 
 def get_nccl_backend() -> str:

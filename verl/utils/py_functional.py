@@ -7,11 +7,13 @@ them, so a function written to veRL's documented signature works whatever extra 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import multiprocessing
+import os
 import signal
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 __all__ = [
@@ -20,6 +22,7 @@ __all__ = [
     "call_with_accepted_kwargs",
     "declared_parameters",
     "rejected_kwargs",
+    "temp_env_var",
     "timeout_limit",
 ]
 
@@ -124,3 +127,18 @@ def timeout_limit(seconds: float, use_signals: bool = False) -> Callable[[Callab
         return with_signal if use_signals else in_process
 
     return decorator
+
+
+@contextlib.contextmanager
+def temp_env_var(key: str, value: str) -> Iterator[None]:
+    """Set the environment variable ``key`` to ``value`` inside the ``with`` block; afterwards (also on an
+    exception) restore its previous value, or remove it if it was unset. Nests."""
+    previous = os.environ.get(key)
+    os.environ[key] = value
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = previous

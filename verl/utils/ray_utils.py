@@ -10,14 +10,18 @@ own cluster instead splits the machine's cores between the processes that comput
 both cores, as a plain ``torch`` script would.
 
 ``parallel_put`` puts many objects into the object store from a thread pool; ``ray_noset_visible_devices`` tells
-whether Ray was told to leave ``*_VISIBLE_DEVICES`` alone.
+whether Ray was told to leave ``*_VISIBLE_DEVICES`` alone; ``auto_await`` lets one ``async def`` serve sync and
+async callers (veRL's decorator of the same name).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import logging
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -25,6 +29,7 @@ from typing import Any
 from verl.utils.errors import InvalidDataError
 
 __all__ = [
+    "auto_await",
     "cpu_threads_per_worker",
     "get_event_loop",
     "init_ray_for_workers",
@@ -117,3 +122,32 @@ def get_event_loop() -> asyncio.AbstractEventLoop:
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     return loop
+
+
+def auto_await(func: Any) -> Any:
+    """Decorate an ``async def`` so sync and async code can both call it (veRL's ``auto_await``).
+
+    - awaited in a coroutine (the calling frame is a coroutine's): the call returns the coroutine, to be awaited;
+    - called where no event loop runs (a plain script, the trainer's thread): the coroutine runs to completion on a
+      fresh loop and the call returns its result;
+    - called from sync code on a thread whose event loop is running (a callback of that loop): blocking that loop
+      on itself would deadlock, so the coroutine runs on a fresh loop in a helper thread and the call returns its
+      result.
+    """
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        result = func(*args, **kwargs)
+        if not inspect.iscoroutine(result):
+            return result
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(result)
+        caller = sys._getframe(1)
+        if caller.f_code.co_flags & inspect.CO_COROUTINE:
+            return result
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            return pool.submit(asyncio.run, result).result()
+
+    return wrapper

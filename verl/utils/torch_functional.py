@@ -21,6 +21,8 @@ __all__ = [
     "distributed_masked_mean",
     "entropy_from_logits",
     "entropy_from_logits_with_chunking",
+    "get_constant_schedule_with_warmup",
+    "get_cosine_schedule_with_warmup",
     "get_response_mask",
     "group_mean",
     "group_mean_std",
@@ -370,3 +372,46 @@ def has_active_dropout(module: torch.nn.Module) -> bool:
         for name, value in settings.items()
         if not isinstance(value, bool)
     )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Learning-rate schedules (veRL's names; the multipliers are the engine's, verl.workers.engine.lr_schedule)
+# ----------------------------------------------------------------------------------------------------------------
+def get_constant_schedule_with_warmup(
+    optimizer: torch.optim.Optimizer, num_warmup_steps: int, last_epoch: int = -1
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """A ``LambdaLR`` rising linearly from 0 to the optimizer's lr over ``num_warmup_steps`` steps, then flat."""
+    import functools
+
+    from verl.workers.engine.lr_schedule import constant_schedule_with_warmup
+
+    factor = functools.partial(constant_schedule_with_warmup, warmup_steps=num_warmup_steps)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor, last_epoch=last_epoch)
+
+
+def get_cosine_schedule_with_warmup(
+    optimizer: torch.optim.Optimizer,
+    num_warmup_steps: int,
+    num_training_steps: int,
+    min_lr_ratio: float = 0.0,
+    num_cycles: float = 0.5,
+    last_epoch: int = -1,
+    init_lr_ratio: float | None = None,
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """A ``LambdaLR``: linear warmup over ``num_warmup_steps`` (from ``init_lr_ratio`` × lr, default 0), then a
+    cosine decay to ``min_lr_ratio`` × lr at ``num_training_steps``."""
+    from verl.workers.engine.lr_schedule import cosine_schedule_with_warmup
+
+    start = float(init_lr_ratio or 0.0)
+
+    def factor(step: int) -> float:
+        value = cosine_schedule_with_warmup(
+            step,
+            warmup_steps=num_warmup_steps,
+            total_steps=num_training_steps,
+            min_lr_ratio=min_lr_ratio,
+            num_cycles=num_cycles,
+        )
+        return start + (1.0 - start) * value if step < num_warmup_steps else value
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor, last_epoch=last_epoch)

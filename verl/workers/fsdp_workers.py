@@ -29,9 +29,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 
 from verl.algorithms.rollout_corr_helper import compute_rollout_corr_metrics_from_logprobs
-from verl.checkpoint_engine import get_checkpoint_engine
 from verl.protocol import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import (
@@ -40,12 +40,14 @@ from verl.single_controller.base.decorator import (
     register,
     server_method,
 )
-from verl.utils.device import get_device_name
+from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 from verl.utils.distributed import initialize_global_process_group
+from verl.utils.flops_counter import FlopsCounter
 from verl.utils.fs import copy_to_local
 from verl.utils.import_utils import import_external_libs
 from verl.utils.profiler import DistProfiler, DistProfilerExtension, ProfilerConfig
-from verl.utils.torch_functional import has_active_dropout, masked_mean
+from verl.utils.torch_functional import masked_mean
+from verl.workers import fsdp_legacy
 from verl.workers.actor import DataParallelPPOActor
 from verl.workers.config.builders import (
     build_actor_config,
@@ -62,6 +64,7 @@ from verl.workers.remote_rollout import RemoteRolloutWeights
 
 __all__ = [
     "ActorRolloutRefWorker",
+    "AsyncActorRolloutRefWorker",
     "CriticWorker",
     "ProfiledWorker",
     "RewardModelWorker",
@@ -147,7 +150,7 @@ def rollout_mismatch_metrics(
     return metrics
 
 
-class ActorRolloutRefWorker(ProfiledWorker, RemoteRolloutWeights):
+class ActorRolloutRefWorker(ProfiledWorker, RemoteRolloutWeights, fsdp_legacy.LegacyWorkerAPI):
     """Actor (trainer), rollout engine and/or reference policy in one process.
 
     Roles ``actor_rollout`` / ``actor_rollout_ref`` are the hybrid engine; ``actor`` / ``actor_ref`` train and push
@@ -161,10 +164,13 @@ class ActorRolloutRefWorker(ProfiledWorker, RemoteRolloutWeights):
     def __init__(self, config: Any, role: str, **kwargs: Any) -> None:
         if role not in ROLES:
             raise ValueError(f"ActorRolloutRefWorker role={role!r}; use one of {list(ROLES)}")
+        distillation = kwargs.get("distillation_config")  # veRL 0.10's argument
+        if distillation is not None and distillation.get("enabled", False):
+            raise NotImplementedError("ActorRolloutRefWorker(distillation_config=...): distillation is not built yet")
         trains = role in ("actor", "actor_ref", "actor_rollout", "actor_rollout_ref")
         profiled = config["actor"] if trains else config.get(role, {})
         super().__init__(config["model"].get("external_lib"), profiled.get("profiler"))
-        self.config = config
+        self.config = OmegaConf.create(config) if isinstance(config, dict) else config
         self.role = self.profile_role = role
         self._is_actor = trains
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
@@ -179,6 +185,7 @@ class ActorRolloutRefWorker(ProfiledWorker, RemoteRolloutWeights):
                 config["actor"], rollout_n=rollout_n, dp_size=self.world_size, model=self.model_config
             )
         self.ref_config = build_ref_config(config.get("ref", {}), model=self.model_config) if self._is_ref else None
+        self._init_legacy_attributes()
         self.lora = LoraSpec.from_config(self.model_config)
         # with LoRA the actor is the reference policy too (its adapters disabled): no second copy of the weights
         self._ref_in_actor = self._is_ref and self._is_actor and self.lora is not None
@@ -194,51 +201,43 @@ class ActorRolloutRefWorker(ProfiledWorker, RemoteRolloutWeights):
         """Build the engines of this worker's roles (every rank together); the rollout gets the actor's weights as
         version 0."""
         model = self.model_config
-        model_path = copy_to_local(model.path, use_shm=model.use_shm)
-        common = {
-            "enable_gradient_checkpointing": model.enable_gradient_checkpointing,
-            "trust_remote_code": model.trust_remote_code,
-            "override_config": model.override_config,
-        }
         if self._is_actor:
-            self.actor_engine = get_engine_class(self.actor_config.strategy)(
-                model_path,
-                self.actor_config.fsdp_config,
-                self.actor_config.optim,
+            cfg = self.actor_config
+            self._build_model_optimizer(
+                model.path,
+                cfg.fsdp_config,
+                cfg.optim,
+                model.override_config,
+                enable_gradient_checkpointing=model.enable_gradient_checkpointing,
+                trust_remote_code=model.trust_remote_code,
                 role="actor",
-                lora=self.lora,
-                **common,
             )
-            self.actor = DataParallelPPOActor(self.actor_config, engine=self.actor_engine)
-            self._actor_has_dropout = has_active_dropout(self.actor_engine.module)
+            self.actor = DataParallelPPOActor(cfg, engine=self.actor_engine)
         if self._ref_in_actor:
             self.ref_engine = self.actor_engine
             self.ref_policy = DataParallelPPOActor(self.ref_config, engine=self.actor_engine)
             logger.info("LoRA: the reference policy is the actor's base model (adapters disabled), no second copy")
         elif self._is_ref:
-            self.ref_engine = get_engine_class(self.ref_config.strategy)(
-                model_path,
+            self._build_model_optimizer(
+                model.path,
                 self.ref_config.fsdp_config,
                 None,
-                role="ref",
+                model.override_config,
                 trust_remote_code=model.trust_remote_code,
-                override_config=model.override_config,
+                role="ref",
             )
             self.ref_policy = DataParallelPPOActor(self.ref_config, engine=self.ref_engine)
         if self._is_rollout:
-            from verl.workers.rollout import get_rollout_class
-
-            cfg = self.rollout_config
-            # without verification vLLM may pre-pack its CPU weights (faster; they can no longer be read back)
-            options: dict[str, Any] = {"readable_weights": self.verify_weight_sync} if cfg.name == "vllm" else {}
-            if self.lora is not None:
-                options["lora"] = self.lora
-            self.rollout = get_rollout_class(cfg.name)(
-                config=cfg, model_path=model_path, device=get_device_name(), **options
+            self._build_rollout(trust_remote_code=model.trust_remote_code)
+        if self._is_actor:
+            self.flops_counter = FlopsCounter(self.actor_engine.model_config)
+            self.checkpoint_manager = FSDPCheckpointManager(
+                self.actor_engine.module,
+                self.actor_engine.optimizer,
+                self.actor_engine.lr_scheduler,
+                processing_class=self.processor if self.processor is not None else self.tokenizer,
+                checkpoint_config=self.actor_config.checkpoint,
             )
-            self.checkpoint_engine = get_checkpoint_engine(cfg.checkpoint_engine, dtype=cfg.dtype)
-            if self._is_actor:
-                self.update_weights(version=0)
 
     # ------------------------------------------------------------------ rollout
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="rollout"))
@@ -479,16 +478,20 @@ class ActorRolloutRefWorker(ProfiledWorker, RemoteRolloutWeights):
     ) -> None:
         """Save the actor's sharded model, optimizer, scheduler and random states under ``local_path``, with its HF
         config and tokenizer in ``local_path/huggingface`` (the weights too when ``checkpoint.save_contents`` has
-        ``hf_model``). Rotation (``max_ckpt_to_keep``) is the driver's."""
-        hf_weights = "hf_model" in self.actor_config.checkpoint.save_contents
-        tokenizer = self.model_config.tokenizer_path or self.model_config.path
-        self.actor_engine.save_checkpoint(local_path, hf_weights=hf_weights, tokenizer_path=tokenizer)
+        ``hf_model``), through ``checkpoint_manager`` (a recipe's, if its ``init_model`` made one). Rotation
+        (``max_ckpt_to_keep``) is the driver's."""
+        self.checkpoint_manager.save_checkpoint(local_path, global_step=global_step)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False):
         """Load what :meth:`save_checkpoint` wrote; the rollout keeps its weights until the next push."""
-        self.actor_engine.load_checkpoint(local_path)
+        self.checkpoint_manager.load_checkpoint(local_path)
         self._actor_ahead = self._is_rollout
+
+
+class AsyncActorRolloutRefWorker(ActorRolloutRefWorker):
+    """veRL's worker for async rollout (agent loops, server mode). Ours serves requests already (``generate``,
+    ``generate_wave``, ``abort_requests``), so this is the same worker under veRL's name."""
 
 
 class CriticWorker(ProfiledWorker):
@@ -511,7 +514,7 @@ class CriticWorker(ProfiledWorker):
         cfg = self.config
         self.critic_engine = get_engine_class(cfg.strategy)(
             copy_to_local(cfg.model.path, use_shm=cfg.model.use_shm),
-            cfg.model.fsdp_config,
+            cfg.fsdp_engine,
             cfg.optim,
             role="critic",
             enable_gradient_checkpointing=cfg.model.enable_gradient_checkpointing,

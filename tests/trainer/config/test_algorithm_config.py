@@ -15,7 +15,8 @@ from verl.trainer.config.algorithm import parse_rollout_is_threshold, parse_roll
 def test_defaults_are_veRLs():
     cfg = AlgoConfig()
     assert (cfg.adv_estimator, cfg.gamma, cfg.lam, cfg.norm_adv_by_std_in_grpo) == ("gae", 1.0, 1.0, True)
-    assert (cfg.use_kl_in_reward, cfg.kl_penalty, cfg.use_pf_ppo, cfg.filter_groups) == (False, "kl", False, None)
+    assert (cfg.use_kl_in_reward, cfg.kl_penalty, cfg.use_pf_ppo) == (False, "kl", False)
+    assert cfg.filter_groups == FilterGroupsConfig(enable=False, metric=None, max_num_gen_batches=0)  # veRL 0.10
     assert cfg.kl_ctrl == KLControlConfig(type="fixed", kl_coef=0.001, horizon=10000, target_kl=0.1)
     assert cfg.pf_ppo == PFPPOConfig(reweight_method="pow", weight_pow=2.0)
     rc = cfg.rollout_correction

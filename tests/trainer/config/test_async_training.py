@@ -51,8 +51,8 @@ def test_the_bound_may_be_zero_and_a_threshold_within_it_is_accepted():
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["async_training.trigger_parameter_sync_step=4"], "trainer.mode=sync pushes the weights after every update"),
-        (["async_training.partial_rollout=true"], "partial_rollout=true .* with trainer.mode=sync: only"),
+        (["async_training.trigger_parameter_sync_step=4"], "trainer mode sync pushes the weights after every update"),
+        (["async_training.partial_rollout=true"], "partial_rollout=true .* with trainer.v1.trainer_mode=sync: only"),
         (["async_training.require_batches=3"], "require_batches=3 × actor_rollout_ref.actor.ppo_mini_batch_size=4"),
         (["async_training.max_lag=-2"], "async_training.max_lag=-2 must be an integer >= 0"),
         (["async_training.bogus=1"], "unknown key 'async_training.bogus'"),
@@ -71,8 +71,9 @@ def test_sync_says_that_the_bound_has_no_effect(caplog):
     validate_config(merged([*VALID, "async_training.require_batches=2"]))  # 2 × 4 = 8 prompts: agrees
     with caplog.at_level(logging.WARNING, logger="verl.trainer.config.validate"):
         validate_config(merged([*VALID, "async_training.max_lag=3", "async_training.staleness_threshold=0.5"]))
-    assert "async_training.max_lag=3, async_training.staleness_threshold=0.5: no effect with trainer.mode=sync" in (
-        caplog.text
+    assert (
+        "async_training.max_lag=3, async_training.staleness_threshold=0.5: no effect with trainer.v1.trainer_mode=sync"
+        in (caplog.text)
     )
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="verl.trainer.config.validate"):
@@ -86,10 +87,16 @@ COLOCATE = [*VALID, "trainer.mode=colocate_async"]
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["async_training.trigger_parameter_sync_step=2"], "trainer.mode=colocate_async pushes the weights after"),
-        (["async_training.partial_rollout=true"], "partial_rollout=true .* with trainer.mode=colocate_async: only"),
-        (["actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"], "backend='nccl': trainer.mode=colocate_async"),
-        (["reward_model.enable=true"], "reward_model.enable=true with trainer.mode=colocate_async"),
+        (["async_training.trigger_parameter_sync_step=2"], "trainer mode colocate_async pushes the weights after"),
+        (
+            ["async_training.partial_rollout=true"],
+            "partial_rollout=true .* with trainer.v1.trainer_mode=colocate_async: only",
+        ),
+        (
+            ["actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"],
+            "backend='nccl': trainer.v1.trainer_mode=colocate_async",
+        ),
+        (["reward_model.enable=true"], "reward.reward_model.enable=true with trainer.v1.trainer_mode=colocate_async"),
     ],
 )
 def test_colocate_async_refuses_by_name(overrides, message):
@@ -100,7 +107,7 @@ def test_colocate_async_refuses_by_name(overrides, message):
 def test_colocate_async_says_that_the_threshold_has_no_effect(caplog):
     with caplog.at_level(logging.WARNING, logger="verl.trainer.config.validate"):
         validate_config(merged([*COLOCATE, "async_training.staleness_threshold=0.5"]))
-    assert "staleness_threshold=0.5: no effect with trainer.mode=colocate_async" in caplog.text
+    assert "staleness_threshold=0.5: no effect with trainer.v1.trainer_mode=colocate_async" in caplog.text
 
 
 @pytest.mark.parametrize(
@@ -124,16 +131,22 @@ def test_colocate_async_corrects_off_policy_samples_unless_told_otherwise(overri
     assert sync.actor_rollout_ref.rollout.checkpoint_engine.backend == "naive"
 
 
-SEPARATE = [*VALID, "trainer.mode=separate_async"]
+SEPARATE = [*VALID, "trainer.v1.trainer_mode=separate_async"]  # veRL 0.10's name (COLOCATE: the older one)
 
 
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["async_training.trigger_parameter_sync_step=2"], "trainer.mode=separate_async pushes the weights after"),
-        (["actor_rollout_ref.rollout.checkpoint_engine.backend=shm"], "backend='shm': trainer.mode=separate_async"),
-        (["reward_model.enable=true"], "reward_model.enable=true with trainer.mode=separate_async"),
-        (["algorithm.filter_groups.enable=true"], "filter_groups.enable=true with trainer.mode=separate_async"),
+        (["async_training.trigger_parameter_sync_step=2"], "trainer mode separate_async pushes the weights after"),
+        (
+            ["actor_rollout_ref.rollout.checkpoint_engine.backend=shm"],
+            "backend='shm': trainer.v1.trainer_mode=separate_async",
+        ),
+        (["reward_model.enable=true"], "reward.reward_model.enable=true with trainer.v1.trainer_mode=separate_async"),
+        (
+            ["algorithm.filter_groups.enable=true"],
+            "filter_groups.enable=true with trainer.v1.trainer_mode=separate_async",
+        ),
         (["rollout.n_gpus_per_node=0"], "rollout.n_gpus_per_node=0: the rollout servers' pool needs an integer"),
         (["rollout.nnodes=two"], "rollout.nnodes"),
     ],
@@ -158,8 +171,8 @@ def test_separate_async_accepts_verls_separate_pool_keys_and_pushes_over_gloo(ca
     # in the other modes the rollout pool means nothing (said at start-up) and the hybrid engine is the only one
     with caplog.at_level(logging.WARNING, logger="verl.trainer.config.validate"):
         validate_config(merged([*COLOCATE, "rollout.n_gpus_per_node=2"]))
-    assert "rollout.n_gpus_per_node=2: no effect with trainer.mode=colocate_async" in caplog.text
-    with pytest.raises(ConfigError, match="hybrid_engine=false with trainer.mode=colocate_async"):
+    assert "rollout.n_gpus_per_node=2: no effect with trainer.v1.trainer_mode=colocate_async" in caplog.text
+    with pytest.raises(ConfigError, match="hybrid_engine=false with trainer.v1.trainer_mode=colocate_async"):
         validate_config(merged([*COLOCATE, "actor_rollout_ref.hybrid_engine=false"]))
 
 

@@ -66,12 +66,12 @@ def gae(rewards, values, mask, gamma, lam):
 def reinforce_plus_plus(rewards, mask, gamma):
     ret_rows = []
     for r_row, m_row in zip(_rows(rewards), _rows(mask)):
+        # Masked (padding, tool-output) tokens: return 0; the running return passes them by unchanged.
         ret, running = [0.0] * len(r_row), 0.0
         for t in reversed(range(len(r_row))):
-            running = r_row[t] + gamma * running
-            ret[t] = running
-            if not m_row[t]:
-                running = 0.0
+            if m_row[t]:
+                running = r_row[t] + gamma * running
+                ret[t] = running
         ret_rows.append(ret)
     mask_rows = _rows(mask)
     adv = [[a * m for a, m in zip(row, m_row)] for row, m_row in zip(whiten(ret_rows, mask_rows), mask_rows)]
@@ -105,6 +105,20 @@ def grpo(rewards, mask, index, epsilon=1e-6, norm=True):
         for i in members:
             adv[i] = (scores[i] - mean) / (std + epsilon) if norm else scores[i] - mean
     return broadcast(adv, mask)
+
+
+def gdpo(components, weights, mask, index, epsilon=1e-6, norm=True):
+    """``components``: one list of per-sample rewards per key. GRPO per component, weighted sum, then whiten."""
+    total = [0.0] * len(components[0])
+    for values, w in zip(components, weights):
+        for members in groups_of(index).values():
+            group = [values[i] for i in members]
+            mean, std = (0.0, 1.0) if len(group) == 1 else (statistics.fmean(group), statistics.stdev(group))
+            for i in members:
+                total[i] += w * ((values[i] - mean) / (std + epsilon) if norm else values[i] - mean)
+    mask_rows = _rows(mask)
+    tiled = [[a * m for m in m_row] for a, m_row in zip(total, mask_rows)]
+    return _out([[a * m for a, m in zip(row, m_row)] for row, m_row in zip(whiten(tiled, mask_rows), mask_rows)])
 
 
 def grpo_passk(rewards, mask, index, epsilon=1e-6, norm=True):
@@ -222,10 +236,15 @@ def optimal_token_baseline(rewards, mask, index, old_log_probs, sum_pi_squared, 
 # ----------------------------------------------------------------------------------------------- aggregation
 def agg(loss, mask, mode, dp_size=1, batch_num_tokens=None, global_batch_size=None, loss_scale_factor=None):
     l_rows, m_rows = _rows(loss), _rows(mask)
+    total = math.fsum(x * m for row, m_row in zip(l_rows, m_rows) for x, m in zip(row, m_row) if m)
+    scale = loss_scale_factor if loss_scale_factor is not None else len(m_rows[0])
     if mode == "token-mean":
         n = batch_num_tokens if batch_num_tokens is not None else sum(sum(r) for r in m_rows)
-        total = math.fsum(x * m for row, m_row in zip(l_rows, m_rows) for x, m in zip(row, m_row) if m)
         return total / n * dp_size if n else 0.0
+    if mode == "token-sum":
+        return total * dp_size
+    if mode == "seq-mean-token-sum-norm-legacy":
+        return total * dp_size / scale
     per_seq = []
     for row, m_row in zip(l_rows, m_rows):
         count = sum(m_row)
@@ -236,7 +255,7 @@ def agg(loss, mask, mode, dp_size=1, batch_num_tokens=None, global_batch_size=No
     s_count = global_batch_size if global_batch_size is not None else len(per_seq)
     loss_value = math.fsum(per_seq) / s_count * dp_size if s_count else 0.0
     if mode == "seq-mean-token-sum-norm":
-        loss_value /= loss_scale_factor if loss_scale_factor is not None else len(m_rows[0])
+        loss_value /= scale
     return loss_value
 
 
@@ -298,6 +317,28 @@ def cispo(old, new, adv, mask, mode="token-mean", clip_low=0.2, clip_high=0.2, *
         return -min(max(_ratio(o, n), 1 - clip_low), 1 + clip_high) * a * n
 
     return agg(_token_losses(token, old, new, adv, mask), mask, mode, **agg_kw)
+
+
+def dppo(old, new, adv, mask, divergence, mode="token-mean", delta_low=0.2, delta_high=0.2, clip_c=20.0, **agg_kw):
+    """DPPO-Binary: −A·min(r, c)·log π on the tokens inside the TV or binary-KL trust region, 0 elsewhere."""
+
+    def token(o, n, a):
+        p, q = math.exp(n), math.exp(o)
+        if divergence == "tv":
+            inside = p - q <= delta_high if a > 0 else p - q >= -delta_low
+        else:
+            d = q * (o - n) + (1 - q) * math.log((1 - q + 1e-8) / (1 - p + 1e-8))
+            inside = (d <= delta_high or p <= q) if a > 0 else (d <= delta_low or p >= q)
+        return -a * min(_ratio(o, n), clip_c) * n if inside else 0.0
+
+    return agg(_token_losses(token, old, new, adv, mask), mask, mode, **agg_kw)
+
+
+def dro(old, new, adv, mask, beta, mode="token-mean", weights=None, **agg_kw):
+    def token(o, n, a):
+        return -(n * a - 0.5 * beta * (n - o) ** 2)
+
+    return agg(_token_losses(token, old, new, adv, mask, weights), mask, mode, **agg_kw)
 
 
 def geo_mean(old, new, adv, mask, clip_low=0.2, clip_high=0.2):

@@ -93,6 +93,28 @@ def test_grpo_and_dr_grpo_match_reference(batch, norm):
 
 
 @SETTINGS
+@given(batches(), st.booleans(), st.integers(1, 3))
+def test_gdpo_matches_reference(batch, norm, n_keys):
+    rewards, mask, uids = batch
+    if not whitenable(mask):
+        return
+    g = torch.Generator().manual_seed(int(rewards.shape[0] * 31 + n_keys))
+    components = {
+        f"r{k}": torch.randint(0, 3, (rewards.shape[0],), generator=g).double().tolist() for k in range(n_keys)
+    }
+    weights = [0.5 + k for k in range(n_keys)]
+    non_tensor = {key: np.array(values, dtype=object) for key, values in components.items()}
+    non_tensor["uid"] = uids
+    adv, ret = ca.compute_gdpo_outcome_advantage(
+        rewards, mask, uids, norm_adv_by_std_in_grpo=norm, non_tensor_batch=non_tensor,
+        config={"gdpo_reward_keys": list(components), "gdpo_reward_weights": weights},
+    )  # fmt: skip
+    expected = ref.gdpo(list(components.values()), weights, mask, uids, norm=norm)
+    assert_tight(adv, expected, atol=1e-7)
+    assert ret is adv
+
+
+@SETTINGS
 @given(batches(min_group=2), st.booleans())
 def test_grpo_passk_matches_reference(batch, norm):
     rewards, mask, uids = batch
@@ -163,15 +185,12 @@ def test_otb_ignores_garbage_in_masked_positions(name):
     assert_tight(dirty, clean)
 
 
-def test_otb_default_zero_tail_differs_between_the_two_variants():
-    # veRL: optimal_token_baseline defaults to handle_zero_tail=False, the multi-turn variant to True.
+def test_otb_variants_default_to_handle_zero_tail():
+    # veRL 0.10: both default to handle_zero_tail=True (optimal_token_baseline was False before).
     import inspect
 
-    assert (
-        inspect.signature(ca.compute_optimal_token_baseline_advantage).parameters["handle_zero_tail"].default is False
-    )
-    sig = inspect.signature(ca.compute_multi_turn_optimal_token_baseline_advantage)
-    assert sig.parameters["handle_zero_tail"].default is True
+    for fn in (ca.compute_optimal_token_baseline_advantage, ca.compute_multi_turn_optimal_token_baseline_advantage):
+        assert inspect.signature(fn).parameters["handle_zero_tail"].default is True, fn.__name__
 
 
 # ------------------------------------------------------------------------------------------------ edge cases
@@ -189,7 +208,7 @@ def test_singleton_groups():
         ca.compute_grpo_passk_outcome_advantage(rewards, mask, uids)
 
 
-@pytest.mark.parametrize("name", ["grpo", "rloo", "opo", "gpg", "grpo_passk", "reinforce_plus_plus_baseline"])
+@pytest.mark.parametrize("name", ["grpo", "rloo", "opo", "gpg", "grpo_passk", "reinforce_plus_plus_baseline", "gdpo"])
 def test_equal_rewards_give_exactly_zero_advantage(name):
     # Scores of 0.1 in a group of three: a naive mean (0.1+0.1+0.1)/3 != 0.1 would leak a tiny nonzero advantage
     # that the std division (std ~ 1e-17 + eps) blows up; the shifted mean keeps it exactly 0.
@@ -198,7 +217,9 @@ def test_equal_rewards_give_exactly_zero_advantage(name):
     rewards[3:, -1] = 0.7
     mask = torch.ones(6, 3)
     uids = np.array(["p", "p", "p", "q", "q", "q"], dtype=object)
-    adv, _ = ca.get_adv_estimator_fn(name)(rewards, mask, uids, config=AlgoConfig(adv_estimator=name))
+    # gdpo without reward keys (a direct call; a run's config must name them) normalises the summed token rewards
+    config = AlgoConfig() if name == "gdpo" else AlgoConfig(adv_estimator=name)
+    adv, _ = ca.get_adv_estimator_fn(name)(rewards, mask, uids, config=config)
     assert torch.count_nonzero(adv) == 0
 
 
@@ -206,7 +227,7 @@ def test_fully_masked_rows_get_zero_advantage():
     rewards = torch.tensor([[1.0, 2.0], [0.5, 0.5], [3.0, 0.0], [0.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0], [0.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
     uids = np.array(["a", "a", "b", "b"], dtype=object)
-    for name in ["grpo", "rloo", "opo", "gpg", "grpo_passk", "reinforce_plus_plus_baseline"]:
+    for name in ["grpo", "rloo", "opo", "gpg", "grpo_passk", "reinforce_plus_plus_baseline", "gdpo"]:
         adv, _ = ca.get_adv_estimator_fn(name)(rewards, mask, uids, config=AlgoConfig())
         assert torch.all(adv[1] == 0) and torch.all(adv[3] == 0), name
     # OPO: a group whose responses are all empty has baseline 0 instead of 0/0.

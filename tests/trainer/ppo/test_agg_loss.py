@@ -9,9 +9,10 @@ from algo_reference import assert_tight
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from verl.algorithms.config import LOSS_AGG_MODES
 from verl.trainer.ppo.core_algos import agg_loss
 
-MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+MODES = list(LOSS_AGG_MODES)
 
 
 @st.composite
@@ -75,8 +76,8 @@ def test_bf16_loss_is_aggregated_in_fp32():
 
 def test_errors():
     x = torch.ones(2, 2)
-    with pytest.raises(ValueError, match="loss_agg_mode='token-sum'"):
-        agg_loss(x, x, "token-sum")
+    with pytest.raises(ValueError, match="loss_agg_mode='token-sum-mean'"):
+        agg_loss(x, x, "token-sum-mean")
     with pytest.raises(ValueError, match="batch_num_tokens"):
         agg_loss(x, x, "token-mean", dp_size=2)
     with pytest.raises(ValueError, match="global_batch_size"):

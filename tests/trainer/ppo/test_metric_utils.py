@@ -102,3 +102,33 @@ def test_metric_is_a_metric_list_built_from_a_first_value():
     with pytest.raises(ValueError, match="scalar"):
         total.append(torch.tensor([1.0, 2.0]))
     assert reduce_metrics({"m": Metric("min", [3.0, 1.0]), "plain": [2.0, 4.0]}) == {"m": 1.0, "plain": 3.0}
+
+
+def test_timing_per_token_is_zero_for_a_stage_without_tokens():
+    metrics = compute_timing_metrics(batch([0, 0], [[], []]), {"gen": 0.5})  # no response tokens at all
+    assert metrics["timing_per_token_ms/gen"] == 0.0 and metrics["timing_s/gen"] == 0.5
+
+
+def test_aggregate_dp_means_over_ranks_for_sum_and_mean_and_takes_extremes_over_all():
+    # rank 0 saw micro-batches [1, 2], rank 1 [3, 5]: per micro-batch the rank mean is [2, 3.5]
+    assert Metric.aggregate_dp([Metric("sum", [1.0, 2.0]), Metric("sum", [3.0, 5.0])]) == 5.5  # 2 + 3.5
+    assert Metric.aggregate_dp([Metric("mean", [1.0, 2.0]), Metric("mean", [3.0, 5.0])]) == 2.75  # (2 + 3.5) / 2
+    assert Metric.aggregate_dp([Metric("max", [1.0, 2.0]), Metric("max", [3.0, 5.0])]) == 5.0
+    assert Metric.aggregate_dp([Metric("min", [1.0, 2.0]), Metric("min", [3.0, 5.0])]) == 1.0
+    with pytest.raises(ValueError, match="same number of values"):
+        Metric.aggregate_dp([Metric("sum", [1.0]), Metric("sum", [1.0, 2.0])])
+    with pytest.raises(ValueError, match="empty"):
+        Metric.aggregate_dp([])
+    with pytest.raises(AggregationTypeMismatchError):
+        Metric.aggregate_dp([Metric("sum", [1.0]), Metric("mean", [1.0])])
+
+
+def test_reduce_metrics_merges_a_list_of_metric_objects_by_their_aggregation():
+    # one Metric per micro-batch, as append_to_dict gathers them: partial sums add up
+    gathered = {"critic/vf_loss": [Metric("sum", 0.25), Metric("sum", 0.5)], "max_x": [Metric("max", [1.0, 3.0])]}
+    assert reduce_metrics(gathered) == {"critic/vf_loss": 0.75, "max_x": 3.0}
+    with pytest.raises(AggregationTypeMismatchError):
+        reduce_metrics({"x": [Metric("sum", 1.0), Metric("mean", 1.0)]})
+    with pytest.raises(TypeError, match="cannot mix"):
+        reduce_metrics({"x": [Metric("sum", 1.0), 2.0]})
+    assert reduce_metrics({"x": [1.0], "empty": []}) == {"x": 1.0}  # no values: dropped, not NaN

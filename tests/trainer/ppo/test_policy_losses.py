@@ -9,12 +9,13 @@ from algo_reference import assert_tight
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from verl.algorithms.config import LOSS_AGG_MODES
 from verl.trainer.config import RolloutCorrectionConfig
 from verl.trainer.ppo import core_algos as ca
 from verl.workers.config import ActorConfig, PolicyLossConfig
 
 SETTINGS = settings(max_examples=25, deadline=None)
-MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+MODES = list(LOSS_AGG_MODES)
 METRIC_KEYS = {"actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"}
 
 
@@ -33,6 +34,19 @@ def policy_batches(draw):
 
 def actor(**kw) -> ActorConfig:
     return ActorConfig(**kw)
+
+
+def loss_config(name: str, **policy_loss) -> ActorConfig | dict:
+    """An actor config selecting loss ``name``. DRO's β (``policy_loss.dro_beta``) is not a PolicyLossConfig field
+    yet, so DRO gets a plain dict config, which every loss accepts."""
+    if name == "dro":
+        return {"policy_loss": {"loss_mode": "dro", "dro_beta": 0.1}}
+    return actor(policy_loss=PolicyLossConfig(loss_mode=name, **policy_loss))
+
+
+def metric_keys(name: str) -> set[str]:
+    """The metrics loss ``name`` returns: the three standard ones, or only ``actor/ppo_kl`` for DRO (as veRL)."""
+    return {"actor/ppo_kl"} if name == "dro" else METRIC_KEYS
 
 
 @SETTINGS
@@ -70,6 +84,22 @@ def test_gspo_sapo_cispo_gpg_geo_mean_match_reference(batch, low, high):
         ca.compute_policy_loss_geo_mean(old, new, adv, mask, config=cfg)[0],
         ref.geo_mean(old, new, adv, mask, low, high),
     )
+
+
+@SETTINGS
+@given(policy_batches(), st.sampled_from(MODES), st.floats(0.01, 0.4), st.floats(0.01, 0.4), st.booleans())
+def test_dppo_and_dro_match_reference(batch, mode, low, high, with_weights):
+    old, new, adv, mask = batch
+    new = new.clamp(max=0.0)  # probabilities: the binary KL needs π ≤ 1
+    weights = torch.rand(old.shape, dtype=torch.float64) * 2 if with_weights else None
+    cfg = actor(clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=1.5)
+    for divergence in ("tv", "kl"):
+        loss, metrics = ca.get_policy_loss_fn(f"dppo_{divergence}")(old, new, adv, mask, mode, cfg)
+        assert_tight(loss, ref.dppo(old, new, adv, mask, divergence, mode, low, high, 1.5))
+        assert set(metrics) == METRIC_KEYS
+    loss, metrics = ca.compute_policy_loss_dro(old, new, adv, mask, mode, {"policy_loss": {"dro_beta": high}}, weights)
+    assert_tight(loss, ref.dro(old, new, adv, mask, high, mode, weights))
+    assert set(metrics) == {"actor/ppo_kl"}
 
 
 @SETTINGS
@@ -176,7 +206,7 @@ def test_every_loss_ignores_garbage_in_masked_positions(name):
     mask = torch.ones(3, 6)
     mask[:, 4:] = 0
     mask[2] = 0  # a fully masked row
-    cfg = actor(policy_loss=PolicyLossConfig(loss_mode=name, clip_cov_ratio=0.5, kl_cov_ratio=0.5))
+    cfg = loss_config(name, clip_cov_ratio=0.5, kl_cov_ratio=0.5)
     torch.manual_seed(0)
     clean, clean_metrics = ca.get_policy_loss_fn(name)(old, new, adv, mask, "token-mean", cfg, None)
     (clean_grad,) = torch.autograd.grad(clean, new)
@@ -190,7 +220,7 @@ def test_every_loss_ignores_garbage_in_masked_positions(name):
     assert_tight(dirty, clean)
     assert_tight(dirty_grad, clean_grad)
     assert dirty_metrics == pytest.approx(clean_metrics)
-    assert METRIC_KEYS <= set(clean_metrics)
+    assert metric_keys(name) <= set(clean_metrics)
 
 
 @pytest.mark.parametrize("name", sorted(set(ca.POLICY_LOSS_REGISTRY) - {"bypass_mode"}))
@@ -198,7 +228,7 @@ def test_extreme_log_probs_give_finite_loss_and_gradients(name):
     old = torch.tensor([[-1e3, -0.1, -50.0, 0.0]], dtype=torch.float64)
     new = torch.tensor([[-0.1, -1e3, -1e-6, -80.0]], dtype=torch.float64, requires_grad=True)
     adv = torch.tensor([[3.0, -3.0, 1.0, -1.0]], dtype=torch.float64)
-    cfg = actor(policy_loss=PolicyLossConfig(loss_mode=name))
+    cfg = loss_config(name)
     loss, metrics = ca.get_policy_loss_fn(name)(old, new, adv, torch.ones(1, 4), "token-mean", cfg, None)
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(new.grad).all()

@@ -8,6 +8,7 @@ import torch
 from omegaconf import OmegaConf
 
 from verl.protocol import DataProto
+from verl.trainer.config.errors import ConfigError
 from verl.trainer.ppo.reward import (
     DEFAULT_REWARD_TIMEOUT_S,
     compute_reward,
@@ -120,13 +121,20 @@ class TestLoadRewardManager:
         assert manager.reward_kwargs == {"extra_kwarg": 7} and manager.compute_score.kwargs == {"scale": 3}
         assert type(manager.compute_score.kwargs) is dict
 
-    def test_the_alias_is_read_when_the_canonical_key_is_unset(self, tokenizer):
+    def test_older_names_are_read_into_reward_and_conflicts_are_refused(self, tokenizer):
         assert (
             type(load_reward_manager(config(reward_model={"reward_manager": "dapo"}), tokenizer, 0))
             is DAPORewardManager
         )
         cfg = config(reward_manager={"name": "naive"}, reward_model={"reward_manager": "dapo"})
-        assert type(load_reward_manager(cfg, tokenizer, 0)) is NaiveRewardManager  # the canonical key wins
+        with pytest.raises(ConfigError, match="reward_manager.name='naive' and reward.reward_manager.name='dapo'"):
+            load_reward_manager(cfg, tokenizer, 0)  # two older names of one setting, given two values
+        cfg = config(reward={"reward_manager": {"name": "batch"}}, reward_model={"reward_manager": "dapo"})
+        with pytest.raises(ConfigError, match="reward_model.reward_manager='dapo' and reward.reward_manager.name"):
+            load_reward_manager(cfg, tokenizer, 0)
+        assert type(load_reward_manager(config(reward={"reward_manager": {"name": "dapo"}}), tokenizer)) is (
+            DAPORewardManager
+        )
 
     def test_explicit_kwargs_win_over_the_config(self, tokenizer):
         manager = load_reward_manager(config(reward_model={"timeout_s": 5}), tokenizer, 0, timeout_s=1)

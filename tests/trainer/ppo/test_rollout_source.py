@@ -93,7 +93,9 @@ def test_a_source_without_state_refuses_a_checkpoint_that_holds_some():
     trainer = SimpleNamespace(config=OmegaConf.create({"trainer": {"mode": "sync"}}))
     source = SyncRolloutSource(trainer)
     source.load_state_dict({})  # nothing to restore: fine
-    with pytest.raises(ValueError, match=r"rollout-source state \['queue'\] that trainer.mode='sync' cannot restore"):
+    with pytest.raises(
+        ValueError, match=r"rollout-source state \['queue'\] that trainer.v1.trainer_mode='sync' cannot restore"
+    ):
         TrainerState(source=source).load_state_dict(
             {"global_steps": 1, "epoch": 0, "source": {"queue": [1]}, "rng": TrainerState().state_dict()["rng"]}
         )

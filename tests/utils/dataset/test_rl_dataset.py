@@ -261,3 +261,64 @@ def test_tool_config_path_puts_the_tool_schemas_in_the_prompts(tmp_path):
     with_tools = RLHFDataset(path, tokenizer, {**config, "tool_config_path": assets.tool_config_path})[0]
     assert with_tools["full_prompts"] == "<|im_start|>system\nTools: calculator(expression)<|im_end|>" + plain
     assert with_tools["raw_prompt_ids"] == tokenizer(with_tools["full_prompts"], add_special_tokens=False)["input_ids"]
+
+
+class TestVerlHooks:
+    """Subclasses written for veRL's RLHFDataset: ``_read_files_and_tokenize`` sets ``self.dataframe`` (a
+    ``datasets.Dataset``), ``maybe_filter_out_long_prompts`` and ``self.dataframe[item]`` are veRL's."""
+
+    def test_a_subclass_reading_its_own_files_as_retool_does(self, tokenizer, tmp_path):
+        import datasets
+
+        folder = tmp_path / "Maxwell-Jia" / "AIME_2024"
+        folder.mkdir(parents=True)
+        pq.write_table(pa.Table.from_pylist([{"Problem": "What is 3 + 4?", "Answer": 7}]), folder / "train.parquet")
+
+        class AimeDataset(RLHFDataset):
+            def _read_files_and_tokenize(self):
+                frames = []
+                for path in self.data_files:
+                    frame = datasets.load_dataset(path)["train"]
+                    frames.append(frame.map(self.map_fn, remove_columns=frame.column_names))
+                self.dataframe = datasets.concatenate_datasets(frames)
+
+            def map_fn(self, row):
+                return {
+                    "data_source": "aime_2024",
+                    "prompt": [{"role": "user", "content": row["Problem"]}],
+                    "reward_model": {"ground_truth": str(row["Answer"])},
+                    "agent_name": "tool_agent",
+                }
+
+        ds = AimeDataset(str(folder), tokenizer, {"max_prompt_length": 24})
+        assert len(ds) == 1 and ds[0]["agent_name"] == "tool_agent" and ds[0]["reward_model"]["ground_truth"] == "7"
+        assert ds[0]["raw_prompt_ids"] == prompt_ids(tokenizer, "What is 3 + 4?")
+        assert ds.dataframe[0]["data_source"] == "aime_2024"
+
+    def test_a_subclass_filtering_after_the_default_hook(self, tokenizer, tmp_path):
+        path = write(tmp_path / "a.parquet", [row("What is 3 + 4?", index=0), row("What is 1 + 1?", index=1)])
+
+        class OddOnly(RLHFDataset):
+            def _read_files_and_tokenize(self):
+                super()._read_files_and_tokenize()
+                self.dataframe = self.dataframe.filter(lambda r: r["extra_info"]["index"] % 2 == 1)
+
+            def __getitem__(self, item):
+                out = super().__getitem__(item)
+                out["question"] = self.dataframe[item]["prompt"][0]["content"]
+                return out
+
+        ds = OddOnly(path, tokenizer, {"max_prompt_length": 24})
+        assert len(ds) == 1 and ds[0]["question"] == "What is 1 + 1?" and ds[0]["index"] == 1
+        # a malformed row a subclass builds is named as files' rows are
+        bad = type("Bad", (RLHFDataset,), {"_read_files_and_tokenize": lambda self: setattr(self, "dataframe", [{}])})
+        with pytest.raises(ValueError, match=r"self.dataframe: row 0"):
+            bad(path, tokenizer, {"max_prompt_length": 24})
+
+    def test_maybe_filter_out_long_prompts(self, tokenizer, tmp_path):
+        long_question = "What is " + " + ".join(["1"] * 30) + "?"
+        path = write(tmp_path / "a.parquet", [row("What is 3 + 4?"), row(long_question)])
+        ds = RLHFDataset(path, tokenizer, {"max_prompt_length": 24, "filter_overlong_prompts": True})
+        assert len(ds) == 1  # the long one dropped when built
+        frame = [row("What is 3 + 4?"), row(long_question)]
+        assert [r["prompt"][0]["content"] for r in ds.maybe_filter_out_long_prompts(frame)] == ["What is 3 + 4?"]

@@ -130,12 +130,12 @@ def test_zero_workers_means_threads_and_no_timeout_means_none():
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "2"])
 def test_num_workers_is_validated(bad):
-    with pytest.raises(ValueError, match="reward_model.num_workers"):
+    with pytest.raises(ValueError, match="reward.num_workers"):
         RewardScorePool(len, num_workers=bad)
 
 
 def test_timeout_is_validated():
-    with pytest.raises(ValueError, match="reward_model.timeout_s"):
+    with pytest.raises(ValueError, match="reward.timeout_s"):
         RewardScorePool(len, timeout_s="30")
 
 

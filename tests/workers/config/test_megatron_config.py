@@ -58,3 +58,12 @@ def test_the_megatron_actor_yaml_builds_its_target_on_its_own():
     built = omega_conf_to_dataclass(cfg)
     assert type(built) is McoreActorConfig and built.strategy == "megatron" and built.rollout_n == 1
     assert isinstance(built.optim, McoreOptimizerConfig) and built.optim.min_lr_ratio == 0.0
+
+
+def test_mcore_optimizer_config_carries_muon_keys_and_is_importable_from_optimizer():
+    from verl.workers.config import megatron
+    from verl.workers.config.optimizer import McoreOptimizerConfig
+
+    assert McoreOptimizerConfig is megatron.McoreOptimizerConfig
+    config = McoreOptimizerConfig(lr=0.1, optimizer="muon", muon_num_ns_steps=6)
+    assert (config.optimizer, config.muon_num_ns_steps, config.muon_momentum) == ("muon", 6, 0.95)

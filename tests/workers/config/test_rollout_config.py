@@ -42,7 +42,7 @@ def test_defaults_follow_verl():
         "enable_prefix_caching": True,
         "load_format": "dummy",
         "logprobs_mode": "processed_logprobs",
-        "calculate_log_probs": False,
+        "calculate_log_probs": True,  # veRL 0.10 changed the default
         "over_sample_rate": 0.0,
         "multi_stage_wake_up": False,
         "skip_rollout": False,

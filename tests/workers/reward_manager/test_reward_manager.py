@@ -237,7 +237,12 @@ class TestDAPO:
 
     @pytest.mark.parametrize(
         ("max_resp_len", "length", "match"),
-        [(None, 4, "max_resp_len"), (8, 0, "overlong_buffer.len"), (8, 9, "overlong_buffer.len"), (8, 2.5, "len")],
+        [
+            (None, 4, "max_resp_len"),
+            (8, 0, "overlong_buffer_cfg.len"),
+            (8, 9, "overlong_buffer_cfg.len"),
+            (8, 2.5, "len"),
+        ],
     )
     def test_buffer_config_is_validated(self, tokenizer, max_resp_len, length, match):
         with pytest.raises(ValueError, match=match):

@@ -100,7 +100,7 @@ def test_reward_kwargs_reach_the_function_from_both_keys(tokenizer, make_batch, 
 def test_an_undeclared_reward_kwarg_fails_at_start_up(tokenizer, reward_file):
     with pytest.raises(TypeError, match=r"\['bonus'\].*compute_score .*my_reward.py"):
         build(tokenizer, reward_file, "compute_score", "custom_reward_function.reward_kwargs.bonus=1")
-    with pytest.raises(TypeError, match=r"\['bonus'\] \(reward_model.reward_kwargs\).*compute_score"):
+    with pytest.raises(TypeError, match=r"\['bonus'\] \(reward.reward_kwargs\).*compute_score"):
         build(tokenizer, reward_file, "compute_score", bonus=1)
 
 
@@ -116,7 +116,7 @@ def test_a_registered_manager_with_veRL_constructor(tokenizer, make_batch, rewar
     try:
         manager = build(tokenizer, reward_file, "compute_score", "reward_manager.name=carry_over_counting")
         assert type(manager) is CountingManager and scores(manager, make_batch(SAMPLES))[0] == [1.0, 0.0, 0.0]
-        with pytest.raises(TypeError, match=r"reward_model.reward_kwargs \['scale'\].*CountingManager"):
+        with pytest.raises(TypeError, match=r"reward.reward_kwargs \['scale'\].*CountingManager"):
             build(tokenizer, reward_file, "compute_score", "reward_manager.name=carry_over_counting", scale=2.0)
     finally:
         REWARD_MANAGER_REGISTRY.pop("carry_over_counting")

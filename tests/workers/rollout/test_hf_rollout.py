@@ -26,7 +26,10 @@ EOS, PAD = 1, 0
 
 
 def make_prompts(rows: int = 4, prompt_len: int = 7, seed: int = 0, **meta) -> DataProto:
-    """Left-padded random prompts (row i has i pad tokens, capped) with a uid per row."""
+    """Left-padded random prompts (row i has i pad tokens, capped) with a uid per row; two samples per prompt
+    (``meta_info["n"]=2``) unless validating or told otherwise (the engine's default is one per row, as veRL's)."""
+    if not meta.get("validate"):
+        meta.setdefault("n", 2)
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, 256, (rows, prompt_len), generator=gen)
     mask = torch.ones(rows, prompt_len, dtype=torch.long)
@@ -235,7 +238,7 @@ def test_tied_weights_and_bfloat16_engine(tmp_path):
     weights = dict(engine.named_weights())
     assert weights["lm_head.weight"].dtype == torch.bfloat16
     assert torch.equal(weights["lm_head.weight"], trainer.model.embed_tokens.weight.to(torch.bfloat16))
-    out = engine.generate_sequences(make_prompts(rows=2))
+    out = engine.generate_sequences(make_prompts(rows=2, n=1))
     assert out.batch["responses"].shape == (2, RESP)
 
 

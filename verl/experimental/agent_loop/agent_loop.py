@@ -18,17 +18,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from verl.utils.token_ids import as_token_ids
 
 __all__ = [
     "AgentLoopBase",
     "AgentLoopMetrics",
     "AgentLoopOutput",
     "DictConfigWrap",
+    "ToolListWrap",
     "agent_loop_target",
     "default_agent_loop",
     "load_agent_loop_configs",
@@ -49,6 +51,9 @@ class AgentLoopMetrics(BaseModel):
     num_preempted: int = 0
 
 
+_TEACHER_FIELDS = ("teacher_ids", "teacher_logprobs")
+
+
 class AgentLoopOutput(BaseModel):
     """What ``run`` returns for one sample (veRL's fields).
 
@@ -62,7 +67,11 @@ class AgentLoopOutput(BaseModel):
         reward_score: the loop's own score of the trajectory; when set, the reward function is not called for it.
         num_turns: chat turns (user, assistant and tool).
         metrics: an :class:`AgentLoopMetrics` or a dict of its fields.
-        extra_fields: anything else, passed on per sample as non-tensor columns.
+        extra_fields: anything else, passed on per sample as non-tensor columns (the batch always has the columns
+            ``turn_scores``, ``tool_rewards``, ``min_global_steps``, ``max_global_steps`` and ``extras``, None where
+            a sample has no value, so that batches of different loops concatenate).
+        mm_processor_kwargs: kwargs of the multi-modal processor that rollout and training must share (veRL's; None
+            for text models, the only ones our engines serve).
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -77,6 +86,24 @@ class AgentLoopOutput(BaseModel):
     num_turns: int = 0
     metrics: AgentLoopMetrics = Field(default_factory=AgentLoopMetrics)
     extra_fields: dict[str, Any] = Field(default_factory=dict)
+    mm_processor_kwargs: dict[str, Any] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields as a dict (values not copied); ``teacher_ids`` / ``teacher_logprobs`` of ``extra_fields`` move
+        to the top level (veRL 0.10's distillation columns). The model itself is not changed."""
+        fields = {name: getattr(self, name) for name in type(self).model_fields}
+        extra = dict(self.extra_fields)
+        for key in _TEACHER_FIELDS:
+            if key in extra:
+                fields[key] = extra.pop(key)
+        fields["extra_fields"] = extra
+        return fields
+
+    @field_validator("prompt_ids", mode="before")
+    @classmethod
+    def _prompt_token_ids(cls, value: Any) -> list[int]:
+        """A tokenizer's ``BatchEncoding`` (``apply_chat_template(tokenize=True)``) counts as its ``input_ids``."""
+        return as_token_ids(value, "AgentLoopOutput.prompt_ids")
 
     @model_validator(mode="after")
     def _check_lengths(self) -> AgentLoopOutput:
@@ -103,6 +130,14 @@ class DictConfigWrap:
 
 
 _DummyConfig = DictConfigWrap  # veRL's older name
+
+
+class ToolListWrap:
+    """A list of tools handed to an agent loop's constructor (``tools=``), wrapped so that ``hydra.utils.instantiate``
+    leaves the tool objects alone (veRL's)."""
+
+    def __init__(self, tools: list[Any]) -> None:
+        self.tools = list(tools)
 
 
 def _unwrap(config: Any) -> Any:
@@ -195,7 +230,10 @@ class AgentLoopBase(ABC):
             raise NotImplementedError("apply_chat_template: multi-modal prompts are not supported by our engines")
         kwargs = {"add_generation_prompt": True, **self.apply_chat_template_kwargs, "tokenize": True}
         ids = await self.loop.run_in_executor(
-            None, lambda: _token_ids(self.tokenizer.apply_chat_template(list(messages), tools=tools, **kwargs))
+            None,
+            lambda: as_token_ids(
+                self.tokenizer.apply_chat_template(list(messages), tools=tools, **kwargs), "chat template"
+            ),
         )
         if remove_system_prompt:
             if self._system_prompt is None:
@@ -208,24 +246,13 @@ class AgentLoopBase(ABC):
         """What the template renders for an empty conversation (its default system turn); [] if it cannot."""
         empty = {**self.apply_chat_template_kwargs, "add_generation_prompt": False, "tokenize": True}
         try:
-            return _token_ids(self.tokenizer.apply_chat_template([{}], **empty))
+            return as_token_ids(self.tokenizer.apply_chat_template([{}], **empty), "apply_chat_template")
         except Exception:  # noqa: BLE001 - a template that needs a role or content has no default system turn
             return []
 
     @abstractmethod
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         """Run one sample; ``kwargs`` are its dataset fields."""
-
-
-def _token_ids(value: Any) -> list[int]:
-    """A tokenizer's ``apply_chat_template(tokenize=True)`` result (list, nested list or BatchEncoding) → ids."""
-    if isinstance(value, Mapping) or hasattr(value, "input_ids"):
-        value = value["input_ids"]
-    if hasattr(value, "tolist"):
-        value = value.tolist()
-    if value and isinstance(value[0], list):
-        value = value[0]
-    return [int(v) for v in value]
 
 
 # name → the hydra config that builds the loop ({"_target_": "module.Class", ...extra constructor kwargs})
@@ -313,6 +340,10 @@ def __getattr__(name: str) -> Any:
         from verl.experimental.agent_loop.manager import AgentLoopManager
 
         return AgentLoopManager
+    if name == "_InternalAgentLoopOutput":  # the padded, tensor form of an output (imports torch)
+        from verl.experimental.agent_loop.postprocess import _InternalAgentLoopOutput
+
+        return _InternalAgentLoopOutput
     if name == "AsyncLLMServerManager":
         from verl.experimental.agent_loop.server_manager import AsyncLLMServerManager
 

@@ -9,7 +9,10 @@ counts), ``reward_extra_keys`` and ``weight_version`` (the newest version that g
 engines hold: memory (``wake_up`` / ``sleep``) and the weight push are the trainer's calls, never made here.
 
 The replicas are the rollout engines inside the training workers (hybrid placement: one replica per worker, each a
-server through the worker's :func:`~verl.single_controller.base.decorator.server_method` s). The agent-loop
+server through the worker's :func:`~verl.single_controller.base.decorator.server_method` s), reached through an
+``AsyncLLMServerManager`` per agent-loop worker; or, built with veRL 0.10's :meth:`AgentLoopManager.create` (config,
+``llm_client``), whatever servers that client routes to (an
+:class:`~verl.workers.rollout.llm_server.LLMServerClient` of ``LLMServerManager.get_client()``). The agent-loop
 workers are Ray actors with ``num_cpus=0`` placed on their replica's node: ``rollout.agent.num_workers`` of them
 (default: 8 with GPUs, one per node hosting replicas on a multi-node CPU cluster). With ``num_workers=0`` (the
 default on a one-node cluster without GPUs) the agent loops run in this process instead, on an event loop of their
@@ -36,6 +39,7 @@ from verl.experimental.agent_loop.server_manager import ServerHandle
 from verl.experimental.agent_loop.worker import AgentLoopWorker
 from verl.protocol import DataProto
 from verl.single_controller.ray.base import WorkerDiedError
+from verl.utils.ray_utils import auto_await
 from verl.workers.config.builders import build_rollout_config
 
 __all__ = ["AgentLoopManager", "sample_indices"]
@@ -98,6 +102,8 @@ class AgentLoopManager:
         tokenizer: the policy's tokenizer (EOS and pad ids; loaded from the model path when not given).
         reward_fn / val_reward_fn: score each sample as it finishes (training / validation); None: not scored.
         step: returns the trainer's current step (it seeds sampling).
+        llm_client: veRL 0.10's client the agent loops send their requests through (instead of one
+            ``AsyncLLMServerManager`` per agent-loop worker over ``worker_group``'s engines); see :meth:`create`.
     """
 
     def __init__(
@@ -111,11 +117,14 @@ class AgentLoopManager:
         reward_fn: Any = None,
         val_reward_fn: Any = None,
         step: Any = None,
+        llm_client: Any = None,
     ) -> None:
-        if worker_group is None or rollout_resource_pool is not None or rm_resource_pool is not None:
+        standalone = rollout_resource_pool is not None or rm_resource_pool is not None
+        if standalone or (worker_group is None and llm_client is None):
             raise NotImplementedError(
                 "AgentLoopManager: rollout servers on their own resource pool (standalone) are not supported yet; "
-                "pass the actor-rollout worker group (hybrid placement)"
+                "pass the actor-rollout worker group (hybrid placement) or an llm_client "
+                "(LLMServerManager.create(config, worker_group=...).get_client())"
             )
         if tokenizer is None:
             from verl.utils.tokenizer import hf_tokenizer
@@ -126,14 +135,50 @@ class AgentLoopManager:
         self.worker_group = worker_group
         self.tokenizer = tokenizer
         self.step = step or (lambda: 0)
-        prefix = getattr(worker_group, "method_prefix", "")
-        self.server_handles = [
-            ServerHandle(actor, prefix, f"{worker_group.name_prefix} rank {rank}")
-            for rank, actor in enumerate(worker_group.workers)
-        ]
+        self.llm_client = llm_client
+        if llm_client is not None:  # its servers: where the agent-loop workers go, and whom to ask after a failure
+            handles = getattr(llm_client, "server_handles", None)
+            self.server_handles = list(handles()) if callable(handles) else []
+        else:
+            prefix = getattr(worker_group, "method_prefix", "")
+            self.server_handles = [
+                ServerHandle(actor, prefix, f"{worker_group.name_prefix} rank {rank}")
+                for rank, actor in enumerate(worker_group.workers)
+            ]
         if not hasattr(self, "agent_loop_workers_class"):  # a recipe's subclass may set its own
             self.agent_loop_workers_class = AgentLoopWorker
         self._init_agent_loop_workers(reward_fn, val_reward_fn)
+
+    @classmethod
+    @auto_await
+    async def create(
+        cls,
+        config: Any,
+        llm_client: Any = None,
+        teacher_client: Any = None,
+        reward_loop_worker_handles: Any = None,
+        **kwargs: Any,
+    ) -> AgentLoopManager:
+        """veRL 0.10's constructor: agent loops sending their requests through ``llm_client``
+        (``LLMServerManager.create(config, worker_group=...).get_client()``). ``kwargs`` are ours (``tokenizer``,
+        ``reward_fn``, ``val_reward_fn``, ``step``). Callable from sync code, or awaited."""
+        if teacher_client is not None:
+            raise NotImplementedError(
+                "AgentLoopManager.create(teacher_client=...): on-policy distillation (veRL's distillation.*, teacher "
+                "servers scoring the student's tokens) is not built yet; pass teacher_client=None"
+            )
+        if reward_loop_worker_handles is not None:
+            raise NotImplementedError(
+                "AgentLoopManager.create(reward_loop_worker_handles=...): veRL's reward loop (reward workers scoring "
+                "samples as they finish) is not built yet; pass None and give reward_fn / val_reward_fn instead: our "
+                "agent loops score each sample with them as soon as it finishes"
+            )
+        if llm_client is None:
+            raise ValueError(
+                "AgentLoopManager.create needs llm_client: LLMServerManager.create(config, worker_group=...)"
+                ".get_client()"
+            )
+        return cls(config, llm_client=llm_client, **kwargs)
 
     def _num_workers(self, nodes: list[str] | None) -> int:
         configured = self.rollout_config.agent.num_workers
@@ -154,9 +199,10 @@ class AgentLoopManager:
         nodes = self._server_nodes()
         cls = self.agent_loop_workers_class
         count = self._num_workers(nodes)
+        servers = self.server_handles if self.llm_client is None else self.llm_client  # the workers route with it
         if count == 0:  # the agent loops' own copies of the reward managers (they quiet their printing)
             local = getattr(cls, "__ray_actor_class__", cls)
-            worker = local(self.config, self.server_handles, copy.copy(reward_fn), copy.copy(val_reward_fn))
+            worker = local(self.config, servers, copy.copy(reward_fn), copy.copy(val_reward_fn))
             self.agent_loop_workers = [InProcessAgentLoopWorker(worker)]
             logger.info("agent loops: in this process (rollout.agent.num_workers=0)")
             return
@@ -169,7 +215,7 @@ class AgentLoopManager:
                 node = nodes[i % len(nodes)]
                 options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node, soft=True)
             self.agent_loop_workers.append(
-                cls.options(**options).remote(self.config, self.server_handles, reward_fn, val_reward_fn)
+                cls.options(**options).remote(self.config, servers, reward_fn, val_reward_fn)
             )
 
     # ------------------------------------------------------------------ generation
@@ -220,18 +266,6 @@ class AgentLoopManager:
             output.meta_info["weight_version"] = max(versions)
         return output
 
-    def generate_sequences_per_prompt(self, prompts: DataProto) -> DataProto:
-        """veRL's older ``actor_rollout_wg.generate_sequences(prompts)``: ``n`` responses per prompt row
-        (``meta_info["n"]``, else ``val_kwargs.n`` when validating, else ``rollout.n``), rows repeated in place."""
-        rollout = self.rollout_config
-        n = prompts.meta_info.get("n")
-        if n is None:
-            n = rollout.val_kwargs.n if prompts.meta_info.get("validate", False) else rollout.n
-        prompts = prompts.select(meta_info_keys=[k for k in prompts.meta_info if k != "n"])
-        if "prompt_index" not in prompts.batch.keys():
-            prompts.batch["prompt_index"] = torch.arange(len(prompts))
-        return self.generate_sequences(prompts.repeat(int(n), interleave=True))
-
     def _raise_if_a_server_died(self, error: BaseException) -> None:
         """A generation failed: when a rollout worker is dead, say which (a ``WorkerDiedError`` naming it)."""
         dead = []
@@ -242,17 +276,26 @@ class AgentLoopManager:
                 dead.append(rank)
         if dead:
             names = ", ".join(self.server_handles[rank].name for rank in dead)
+            group = self.worker_group
+            where = f"worker group {group.name_prefix!r}" if group is not None else "llm_client's servers"
             raise WorkerDiedError(
-                f"worker group {self.worker_group.name_prefix!r}: {names} died while running 'generate' (a rollout "
-                f"server of the agent loops): {error}"
+                f"{where}: {names} died while running 'generate' (a rollout server of the agent loops): {error}"
             ) from error
 
     # ------------------------------------------------------------------ memory
     def wake_up(self) -> None:
         """Restore the replicas' memory (memory only: a hybrid engine that dropped its weights needs a weight push
         before it generates)."""
-        self.worker_group.wake_up()
+        self._memory_group("wake_up").wake_up()
 
     def sleep(self) -> None:
         """Free the replicas' memory (hybrid: until the next weight push)."""
-        self.worker_group.sleep()
+        self._memory_group("sleep").sleep()
+
+    def _memory_group(self, call: str) -> Any:
+        if self.worker_group is None:
+            raise RuntimeError(
+                f"AgentLoopManager.{call}: built from an llm_client, this manager holds no worker group; use "
+                f"CheckpointEngineManager.{call}_replicas() (veRL 0.10's place for it)"
+            )
+        return self.worker_group

@@ -5,7 +5,11 @@ Prompts are left-padded to ``rollout.prompt_length`` and responses right-padded 
 ``response_mask`` (1 on the tokens the model generated, 0 on tool / user tokens and padding), ``rollout_log_probs``
 (when every loop returned log-probs) and ``rm_scores`` (when every sample was scored); non-tensor columns:
 ``__num_turns__``, ``weight_version_ranges`` (see :func:`version_ranges`), each ``reward_extra_info`` key, and every
-``extra_fields`` key.
+``extra_fields`` key — always with :data:`STABLE_EXTRA_FIELDS` among them (None where a sample has no value, as in
+veRL), so that the batches of different agent loops concatenate.
+
+:class:`_InternalAgentLoopOutput` is veRL's padded, tensor form of one output (importable from
+``verl.experimental.agent_loop.agent_loop``).
 """
 
 from __future__ import annotations
@@ -16,12 +20,14 @@ from typing import Any
 
 import numpy as np
 import torch
+from pydantic import ConfigDict, field_validator, model_validator
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 from verl.protocol import DataProto
 from verl.workers.rollout.request import sequence_tensors
 
 __all__ = [
+    "STABLE_EXTRA_FIELDS",
     "SampleResult",
     "agent_loop_metrics",
     "object_column",
@@ -30,6 +36,10 @@ __all__ = [
     "samples_to_batch",
     "version_ranges",
 ]
+
+
+# extra_fields columns every batch has (veRL's), whichever loops produced it
+STABLE_EXTRA_FIELDS = ("turn_scores", "tool_rewards", "min_global_steps", "max_global_steps", "extras")
 
 
 @dataclass
@@ -138,11 +148,71 @@ def samples_to_batch(results: Sequence[SampleResult]) -> DataProto:
     for key in _ordered_keys(r.output.extra_fields for r in results):
         if key not in non_tensors:
             non_tensors[key] = object_column([r.output.extra_fields.get(key) for r in results])
+    for key, pick in (("min_global_steps", min), ("max_global_steps", max)):  # veRL 0.10's trajectory versions
+        if key not in non_tensors and any(r.token_versions for r in results):
+            non_tensors[key] = object_column([pick(r.token_versions) if r.token_versions else None for r in results])
+    for key in STABLE_EXTRA_FIELDS:
+        if key not in non_tensors:
+            non_tensors[key] = object_column([None] * len(results))
     versions = [v for r in results if isinstance(v := r.output.extra_fields.get("global_steps"), int)]
     meta: dict[str, Any] = {"reward_extra_keys": reward_keys}
     if versions:
         meta["weight_version"] = max(versions)
     return DataProto.from_dict(tensors, non_tensors, meta_info=meta)
+
+
+class _InternalAgentLoopOutput(AgentLoopOutput):
+    """One output padded as in the batch (veRL's): ``(1, length)`` tensors, the prompt left-padded to
+    ``rollout.prompt_length`` and the response right-padded to ``rollout.response_length``; build it with
+    :meth:`from_output`."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    prompt_ids: torch.Tensor
+    response_ids: torch.Tensor
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    response_mask: torch.Tensor
+    attention_mask: torch.Tensor
+    response_logprobs: torch.Tensor | None = None
+    multi_modal_inputs: dict[str, torch.Tensor] | None = None
+
+    @field_validator("prompt_ids", mode="before")
+    @classmethod
+    def _prompt_token_ids(cls, value: Any) -> Any:  # replaces the list form's validator: a tensor stays a tensor
+        return value
+
+    @model_validator(mode="after")
+    def _check_lengths(self) -> _InternalAgentLoopOutput:
+        response = tuple(self.response_ids.shape)
+        for name in ("response_mask", "response_logprobs"):
+            value = getattr(self, name)
+            if value is not None and tuple(value.shape) != response:
+                raise ValueError(f"_InternalAgentLoopOutput: {name} has shape {tuple(value.shape)}, not {response}")
+        return self
+
+    @classmethod
+    def from_output(
+        cls, output: AgentLoopOutput, prompt_length: int, response_length: int, pad_id: int, agent_name: str = ""
+    ) -> _InternalAgentLoopOutput:
+        """``output`` padded (see :func:`pad_sample`; errors name ``agent_name``)."""
+        tensors = rows_to_tensors([pad_sample(output, agent_name, prompt_length, response_length, pad_id)])
+        return cls(
+            prompt_ids=tensors["prompts"],
+            response_ids=tensors["responses"],
+            input_ids=tensors["input_ids"],
+            position_ids=tensors["position_ids"],
+            response_mask=tensors["response_mask"],
+            attention_mask=tensors["attention_mask"],
+            response_logprobs=tensors.get("rollout_log_probs"),
+            routed_experts=output.routed_experts,
+            multi_modal_data=output.multi_modal_data,
+            reward_score=output.reward_score,
+            num_turns=output.num_turns,
+            metrics=output.metrics,
+            extra_fields=dict(output.extra_fields),
+            mm_processor_kwargs=output.mm_processor_kwargs,
+        )
 
 
 def _ordered_keys(dicts: Any) -> list[str]:

@@ -28,9 +28,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from verl.workers.rollout.replica import TokenOutput
-from verl.workers.rollout.request import sample_seed
+from verl.workers.rollout.request import as_token_ids, sample_seed
 
-__all__ = ["AsyncLLMServerManager", "ServerHandle", "record_token_versions"]
+__all__ = ["AsyncLLMServerManager", "ServerHandle", "note_token_versions", "record_token_versions"]
 
 # The versions of the tokens generated for the sample whose asyncio task (and its child tasks) this is.
 _TOKEN_VERSIONS: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("token_versions", default=None)
@@ -44,7 +44,9 @@ def record_token_versions() -> list[int]:
     return versions
 
 
-def _note_versions(output: TokenOutput) -> None:
+def note_token_versions(output: TokenOutput) -> None:
+    """Add the weight versions of ``output``'s tokens to the recorder :func:`record_token_versions` opened in this
+    task (nothing when none is open); a client other than :class:`AsyncLLMServerManager` calls it too."""
     recorder = _TOKEN_VERSIONS.get()
     if recorder is None:
         return
@@ -168,6 +170,7 @@ class AsyncLLMServerManager:
         video_data: Any = None,
     ) -> TokenOutput:
         """Generate one turn of conversation ``request_id`` on its replica; returns the replica's ``TokenOutput``."""
+        prompt_ids = as_token_ids(prompt_ids, f"generate({request_id!r}): prompt_ids")
         server, turn = self._choose_server(request_id)
         params = dict(sampling_params or {})
         if turn and params.get("seed") is not None:
@@ -180,18 +183,18 @@ class AsyncLLMServerManager:
             text_only = image_data is None and video_data is None
             if self._parked is not None and text_only and hasattr(handle, "generate_wave"):
                 future = asyncio.get_running_loop().create_future()  # sent with its wave
-                request = {"request_id": server_id, "prompt_ids": list(prompt_ids), "sampling_params": params}
+                request = {"request_id": server_id, "prompt_ids": prompt_ids, "sampling_params": params}
                 self._parked.append((server, request, future))
                 output = await future
             else:
                 output = await handle.generate.remote(
                     server_id,
-                    prompt_ids=list(prompt_ids),
+                    prompt_ids=prompt_ids,
                     sampling_params=params,
                     image_data=image_data,
                     video_data=video_data,
                 )
-            _note_versions(output)
+            note_token_versions(output)
             return output
         finally:
             self.outstanding[server] -= 1

@@ -47,5 +47,5 @@ class SingleTurnAgentLoop(AgentLoopBase):
             routed_experts=output.routed_experts,
             num_turns=2,
             metrics={"generate_sequences": seconds, "num_preempted": int(output.num_preempted or 0)},
-            extra_fields=dict(output.extra_fields),
+            extra_fields={"turn_scores": [], "tool_rewards": [], **output.extra_fields},  # columns of every loop
         )

@@ -7,10 +7,17 @@ A state machine per sample: ``PENDING`` (chat template of ``raw_prompt`` with th
 
 - ``max_assistant_turns`` / ``max_user_turns``: stop after that many model / tool-or-user turns;
 - ``max_parallel_calls``: calls of one turn run concurrently; later calls of the turn are dropped (counted);
-- ``max_tool_response_length`` / ``tool_response_truncate_side`` (``left`` keeps the head, ``right`` the tail,
+- ``max_tool_response_length`` / ``tool_response_truncate_side`` (``left`` cuts the head, ``right`` the tail,
   ``middle`` both ends): long tool answers are cut, by characters, as in veRL;
 - ``rollout.response_length``: each turn generates at most what is left of it; a tool or user turn that would fill it
   ends the conversation instead (so a trajectory ends on model tokens).
+
+Tools are the YAML tools of ``multi_turn.tool_config_path`` and the ``@function_tool`` s of
+``multi_turn.function_tool_path`` (:func:`~verl.tools.tool_registry.load_all_tools`); a sample's
+``extra_info.tool_selection`` (a list of tool names) shows and runs only those for that sample. The parser's
+``stop_token_ids`` are added to the sample's stop tokens. Each model turn is appended to the messages as an assistant
+message whose ``tool_calls`` carry the calls' ids when the format has them (``kimi``), and each tool answer as a tool
+message with the matching ``tool_call_id``.
 
 Tool and user tokens are appended with ``response_mask`` 0 (and log-probability 0): only the model's tokens are
 trained. Every turn of a conversation goes to the same server (the server manager is sticky per request id), so an
@@ -34,9 +41,10 @@ from enum import Enum
 from typing import Any
 from uuid import uuid4
 
-from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, ToolListWrap, register
 from verl.experimental.agent_loop.tool_parser import FunctionCall, ToolParser
 from verl.tools.base_tool import BaseTool, ToolUnavailableError
+from verl.tools.function_tool import FunctionTool, normalize_function_tool_return
 from verl.tools.schemas import ToolResponse
 from verl.utils.profiler.performance import simple_timer
 
@@ -89,17 +97,19 @@ class AgentData:
         self.rejected_calls: list[str] = []
         self.extra_fields: dict[str, Any] = {}
         self.num_tool_calls = self.tool_errors = self.tool_timeouts = self.dropped_calls = 0
+        self.tools: dict[str, BaseTool | FunctionTool] = {}  # the tools this sample may call (tool_selection)
+        self.tool_schemas: list[dict[str, Any]] = []  # their schemas, as the chat template takes them
 
 
 def truncate_tool_response(text: str, limit: int, side: str) -> str:
-    """Cut ``text`` to ``limit`` characters (veRL's rule): ``left`` keeps the head, ``right`` the tail, ``middle``
-    half of each."""
+    """Cut ``text`` to ``limit`` characters (veRL 0.10's rule): ``left`` drops the head and keeps the tail,
+    ``right`` keeps the head, ``middle`` keeps half of each end."""
     if len(text) <= limit:
         return text
     if side == "left":
-        return text[:limit] + TRUNCATION_MARK
-    if side == "right":
         return "(truncated)..." + text[-limit:]
+    if side == "right":
+        return text[:limit] + TRUNCATION_MARK
     half = limit // 2
     return text[:half] + "...(truncated)..." + text[len(text) - half :]
 
@@ -115,18 +125,18 @@ class _Settings:
     max_parallel_calls: int
     max_tool_response_length: int
     tool_response_truncate_side: str
-    tools: dict[str, BaseTool]
-    tool_schemas: list[dict[str, Any]]
+    tools: dict[str, BaseTool | FunctionTool]
+    tool_schemas: dict[str, dict[str, Any]]  # name → the schema as the chat template takes it
     tool_parser: ToolParser
     interaction_map: dict[str, Any]
 
     @staticmethod
     def build(rollout: Any, tokenizer: Any) -> _Settings:
         from verl.interactions.utils.interaction_registry import initialize_interactions_from_config
-        from verl.tools.utils.tool_registry import initialize_tools_from_config
+        from verl.tools.tool_registry import load_all_tools
 
         turn = rollout.multi_turn
-        tools = initialize_tools_from_config(turn.tool_config_path) if turn.tool_config_path else []
+        tools = load_all_tools(turn.tool_config_path, turn.get("function_tool_path"))
         interactions = (
             initialize_interactions_from_config(turn.interaction_config_path) if turn.interaction_config_path else {}
         )
@@ -139,25 +149,41 @@ class _Settings:
             max_tool_response_length=int(turn.max_tool_response_length),
             tool_response_truncate_side=str(turn.tool_response_truncate_side),
             tools={tool.name: tool for tool in tools},
-            tool_schemas=[t.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for t in tools],
+            tool_schemas={tool.name: _template_schema(tool) for tool in tools},
             tool_parser=ToolParser.get_tool_parser(str(turn.format), tokenizer),
             interaction_map=interactions,
         )
 
 
+def _template_schema(tool: BaseTool | FunctionTool) -> dict[str, Any]:
+    return tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True)
+
+
 @register("tool_agent")
 class ToolAgentLoop(AgentLoopBase):
-    """Multi-turn rollout with tools and (optionally) a simulated user; see the module docstring."""
+    """Multi-turn rollout with tools and (optionally) a simulated user; see the module docstring.
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    Args:
+        tools: veRL's ``ToolListWrap`` (or a list) of tools replacing those of the config.
+    """
+
+    def __init__(self, *args: Any, tools: ToolListWrap | list[Any] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         settings = self.cached("tool_agent_settings", lambda: _Settings.build(self.rollout_config, self.tokenizer))
         self.settings = settings
         self.prompt_length, self.response_length = settings.prompt_length, settings.response_length
         self.max_assistant_turns, self.max_user_turns = settings.max_assistant_turns, settings.max_user_turns
         self.max_parallel_calls = settings.max_parallel_calls
-        self.tools, self.tool_schemas = settings.tools, settings.tool_schemas
+        self.max_tool_response_length = settings.max_tool_response_length
+        self.tool_response_truncate_side = settings.tool_response_truncate_side
+        self.tools, self.tool_schema_by_name = settings.tools, settings.tool_schemas
+        if tools is not None:
+            given = tools.tools if isinstance(tools, ToolListWrap) else list(tools)
+            self.tools = {tool.name: tool for tool in given}
+            self.tool_schema_by_name = {tool.name: _template_schema(tool) for tool in given}
+        self.tool_schemas = list(self.tool_schema_by_name.values())
         self.tool_parser, self.interaction_map = settings.tool_parser, settings.interaction_map
+        self.stop_token_ids = self.cached("tool_parser_stop_token_ids", lambda: list(self.tool_parser.stop_token_ids))
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         if "raw_prompt" not in kwargs:
@@ -173,6 +199,8 @@ class ToolAgentLoop(AgentLoopBase):
             interaction=interaction,
             interaction_kwargs=interaction_kwargs,
         )
+        agent_data.tools = self._selected_tools(kwargs.get("extra_info"))
+        agent_data.tool_schemas = [self.tool_schema_by_name[name] for name in agent_data.tools]
         handlers = {
             AgentState.PENDING: self._handle_pending_state,
             AgentState.GENERATING: self._handle_generating_state,
@@ -187,6 +215,22 @@ class ToolAgentLoop(AgentLoopBase):
             if interaction is not None:
                 await interaction.finalize_interaction(request_id)
         return self._output(agent_data)
+
+    def _selected_tools(self, extra_info: Any) -> dict[str, BaseTool | FunctionTool]:
+        """The tools of the sample: ``extra_info.tool_selection`` (a list of names; None or empty: every tool)."""
+        selection = (extra_info or {}).get("tool_selection") if isinstance(extra_info, dict) else None
+        if selection is None:
+            return self.tools
+        names = [selection] if isinstance(selection, str) else [str(name) for name in selection]
+        if not names:
+            return self.tools
+        unknown = [name for name in names if name not in self.tools]
+        if unknown:
+            raise ValueError(
+                f"tool_agent: extra_info.tool_selection={names} names tools that are not configured: {unknown}; "
+                f"the tools of multi_turn.tool_config_path / function_tool_path are {sorted(self.tools)}"
+            )
+        return {name: self.tools[name] for name in dict.fromkeys(names)}
 
     async def _start_interaction(self, request_id: str, fields: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         if not self.interaction_map:
@@ -209,11 +253,15 @@ class ToolAgentLoop(AgentLoopBase):
         return interaction, kwargs
 
     async def _handle_pending_state(self, agent_data: AgentData, sampling_params: dict[str, Any]) -> AgentState:
-        agent_data.prompt_ids = await self.apply_chat_template(agent_data.messages, tools=self.tool_schemas or None)
+        tools = agent_data.tool_schemas or None
+        agent_data.prompt_ids = await self.apply_chat_template(agent_data.messages, tools=tools)
         return AgentState.GENERATING
 
     async def _handle_generating_state(self, agent_data: AgentData, sampling_params: dict[str, Any]) -> AgentState:
         params = {**sampling_params, "max_tokens": self.response_length - len(agent_data.response_mask)}
+        if self.stop_token_ids:  # the parser's: tokens the model does not follow with EOS (e.g. Gemma's call end)
+            stops = list(params.get("stop_token_ids") or [])
+            params["stop_token_ids"] = stops + [t for t in self.stop_token_ids if t not in stops]
         with simple_timer("generate_sequences", agent_data.metrics):
             output = await self.server_manager.generate(
                 request_id=agent_data.request_id, prompt_ids=agent_data.prompt_ids, sampling_params=params
@@ -234,12 +282,11 @@ class ToolAgentLoop(AgentLoopBase):
             return AgentState.TERMINATED
         if self.max_user_turns and agent_data.user_turns >= self.max_user_turns:
             return AgentState.TERMINATED
-        _, agent_data.tool_calls, rejected = await self.tool_parser.parse(ids)
+        schemas = [tool.tool_schema for tool in agent_data.tools.values()]
+        content, agent_data.tool_calls, rejected = await self.tool_parser.parse(ids, schemas)
         agent_data.tool_errors += len(rejected)
         agent_data.rejected_calls += rejected
-        if agent_data.interaction is not None:
-            text = await self.loop.run_in_executor(None, lambda: self.tokenizer.decode(ids, skip_special_tokens=True))
-            agent_data.messages.append({"role": "assistant", "content": text})
+        agent_data.messages.append(self._build_assistant_message(content, agent_data))
         if agent_data.tool_calls:
             return AgentState.PROCESSING_TOOLS
         if agent_data.interaction is not None:
@@ -247,22 +294,54 @@ class ToolAgentLoop(AgentLoopBase):
         return AgentState.TERMINATED
 
     async def _handle_processing_tools_state(
-        self, agent_data: AgentData, sampling_params: dict[str, Any]
+        self, agent_data: AgentData, sampling_params: dict[str, Any] | None = None
     ) -> AgentState:
         calls = agent_data.tool_calls[: self.max_parallel_calls]
         agent_data.dropped_calls += len(agent_data.tool_calls) - len(calls)
         with simple_timer("tool_calls", agent_data.metrics):
             results = await asyncio.gather(*(self._call_tool(c, agent_data.tools_kwargs, agent_data) for c in calls))
         messages = []
-        for response, reward, _ in results:
+        for call, (response, reward, _) in zip(calls, results):
             if response.image or response.video:
                 raise NotImplementedError("tool_agent: tools returning images or videos need a multi-modal model")
-            messages.append({"role": "tool", "content": response.text or ""})
+            message = {"role": "tool", "content": response.text or ""}
+            if call.tool_call_id is not None:
+                message["tool_call_id"] = call.tool_call_id
+            messages.append(message)
             if reward is not None:
                 agent_data.tool_rewards.append(float(reward))
         agent_data.messages.extend(messages)
-        ids = await self.apply_chat_template(messages, remove_system_prompt=True)
+        text = self.tool_parser.tool_response_text(messages, calls)
+        if text is None:
+            ids = await self.apply_chat_template(messages, remove_system_prompt=True)
+        else:
+            ids = await self.loop.run_in_executor(None, lambda: self.tokenizer.encode(text, add_special_tokens=False))
         return self._append_turn(agent_data, ids)
+
+    def _build_assistant_message(self, content: str, agent_data: AgentData) -> dict[str, Any]:
+        """The model's turn as a chat message: its text and the calls that run (with their ids when the format has
+        them); arguments that are not a JSON object are kept as written."""
+        message: dict[str, Any] = {"role": "assistant", "content": content or ""}
+        if not agent_data.tool_calls:
+            return message
+        tool_calls = []
+        for call in agent_data.tool_calls[: self.max_parallel_calls]:
+            try:
+                arguments = json.loads(call.arguments)
+            except ValueError:
+                arguments = None
+            entry: dict[str, Any] = {
+                "type": "function",
+                "function": {
+                    "name": call.name,
+                    "arguments": arguments if isinstance(arguments, dict) else call.arguments,
+                },
+            }
+            if call.tool_call_id is not None:
+                entry["id"] = call.tool_call_id
+            tool_calls.append(entry)
+        message["tool_calls"] = tool_calls
+        return message
 
     async def _handle_interacting_state(self, agent_data: AgentData, sampling_params: dict[str, Any]) -> AgentState:
         done, text, score, _ = await agent_data.interaction.generate_response(
@@ -291,41 +370,53 @@ class ToolAgentLoop(AgentLoopBase):
     async def _call_tool(
         self, tool_call: FunctionCall, tools_kwargs: dict[str, Any], agent_data: AgentData
     ) -> tuple[ToolResponse, float | None, dict[str, Any]]:
-        """Run one call: create → execute → release; any failure becomes an error text for the model."""
-        agent_data.num_tool_calls += 1
+        """Run one call — a function tool: the function; a :class:`BaseTool`: create → execute → release — any
+        failure (unknown name, arguments that are not a JSON object, an exception) becomes an error text for the
+        model with reward 0.0. ``agent_data`` needs only ``tools_kwargs``; its counters are kept when it has them."""
+        _count(agent_data, "num_tool_calls")
         tool, instance_id = None, None
         kwargs = dict(tools_kwargs.get(tool_call.name) or {})
+        tools = getattr(agent_data, "tools", None) or self.tools
+        name = tool_call.name
+        if name not in tools:
+            _count(agent_data, "tool_errors")
+            return ToolResponse(text=f"Unknown function '{name}'. Available tools: {list(tools)}"), 0.0, {}
         try:
             arguments = json.loads(tool_call.arguments)
             if not isinstance(arguments, dict):
-                raise ValueError(f"the arguments of {tool_call.name!r} must be a JSON object")
-            tool = self.tools.get(tool_call.name)
-            if tool is None:
-                raise ValueError(f"unknown tool {tool_call.name!r}; available: {sorted(self.tools)}")
-            created = await tool.create(create_kwargs=dict(kwargs.get("create_kwargs") or {}))
-            instance_id = created[0] if isinstance(created, tuple) else created
-            result = await tool.execute(
-                instance_id, arguments, agent_data=agent_data, **dict(kwargs.get("execute_kwargs") or {})
-            )
-            response, reward, metrics = _as_tool_result(result)
+                raise TypeError(f"expected a JSON object, got {type(arguments).__name__}")
+        except (ValueError, TypeError) as e:
+            _count(agent_data, "tool_errors")
+            return ToolResponse(text=f"Invalid JSON in arguments for '{name}': {e}"), 0.0, {}
+        try:
+            tool = tools[name]
+            if isinstance(tool, FunctionTool):  # stateless: no lifecycle, no tools_kwargs
+                response, reward, metrics = normalize_function_tool_return(await tool.call(arguments))
+            else:
+                created = await tool.create(create_kwargs=dict(kwargs.get("create_kwargs") or {}))
+                instance_id = created[0] if isinstance(created, tuple) else created
+                result = await tool.execute(
+                    instance_id, arguments, agent_data=agent_data, **dict(kwargs.get("execute_kwargs") or {})
+                )
+                response, reward, metrics = _as_tool_result(result)
         except ToolUnavailableError:
             raise
         except (TimeoutError, asyncio.TimeoutError) as e:
-            agent_data.tool_timeouts += 1
-            return ToolResponse(text=f"Error when executing tool: timed out {e}".rstrip()), 0.0, {}
+            _count(agent_data, "tool_timeouts")
+            return ToolResponse(text=f"Error executing tool '{name}': timed out {e}".rstrip()), 0.0, {}
         except Exception as e:  # noqa: BLE001 - the model hears of any failure; the rollout goes on
-            agent_data.tool_errors += 1
-            logger.debug("tool call %s failed", tool_call.name, exc_info=True)
-            return ToolResponse(text=f"Error when executing tool: {e}"), 0.0, {}
+            _count(agent_data, "tool_errors")
+            logger.debug("tool call %s failed", name, exc_info=True)
+            return ToolResponse(text=f"Error executing tool '{name}': {e}"), 0.0, {}
         finally:
             if tool is not None and instance_id is not None:
                 await tool.release(instance_id, **dict(kwargs.get("release_kwargs") or {}))
         if metrics.get("timed_out"):
-            agent_data.tool_timeouts += 1
+            _count(agent_data, "tool_timeouts")
         elif metrics.get("error"):
-            agent_data.tool_errors += 1
+            _count(agent_data, "tool_errors")
         text = truncate_tool_response(
-            response.text or "", self.settings.max_tool_response_length, self.settings.tool_response_truncate_side
+            response.text or "", self.max_tool_response_length, self.tool_response_truncate_side
         )
         return response.model_copy(update={"text": text}), reward, metrics
 
@@ -355,6 +446,12 @@ class ToolAgentLoop(AgentLoopBase):
                 "tool_call_counts": agent_data.num_tool_calls,
             },
         )
+
+
+def _count(agent_data: Any, counter: str) -> None:
+    """Add one to ``agent_data.<counter>`` when the object keeps that counter."""
+    if hasattr(agent_data, counter):
+        setattr(agent_data, counter, getattr(agent_data, counter) + 1)
 
 
 def _as_tool_result(result: Any) -> tuple[ToolResponse, float | None, dict[str, Any]]:

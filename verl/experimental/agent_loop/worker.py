@@ -15,6 +15,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import inspect
 import logging
 from typing import Any
 
@@ -62,7 +63,8 @@ class AgentLoopWorkerBase:
 
     Args:
         config: the trainer config.
-        server_handles: the rollout replicas (see :class:`AsyncLLMServerManager`).
+        server_handles: the rollout replicas (see :class:`AsyncLLMServerManager`), or a ready client to send the
+            requests through (veRL 0.10's ``llm_client``: anything with ``async generate(...)`` and ``abort(...)``).
         reward_fn / val_reward_fn: reward managers scoring each finished sample (``fn(data, return_dict=True)``)
             in training / validation; None: not scored here (the trainer scores the batch).
     """
@@ -75,7 +77,8 @@ class AgentLoopWorkerBase:
         self.config = config if isinstance(config, DictConfig) else OmegaConf.create(config)
         self.rollout_config = build_rollout_config(self.config.actor_rollout_ref.rollout)  # typed, defaults filled
         if not hasattr(self, "server_manager"):  # a recipe's subclass may bring its own
-            self.server_manager = AsyncLLMServerManager(self.config, server_handles)
+            is_client = inspect.iscoroutinefunction(getattr(server_handles, "generate", None))
+            self.server_manager = server_handles if is_client else AsyncLLMServerManager(self.config, server_handles)
         model = self.config.actor_rollout_ref.model
         self.tokenizer = hf_tokenizer(
             model.get("tokenizer_path") or model.path, trust_remote_code=bool(model.get("trust_remote_code"))
@@ -121,6 +124,11 @@ class AgentLoopWorkerBase:
         names = [default_agent_loop(rollout)] * rows if names is None else [str(n) for n in names]
         step = int(meta.get("global_steps", 0))
         fn = self.reward_fns[validate]
+        key = getattr(fn, "reward_fn_key", "data_source")
+        if fn is not None and key not in batch.non_tensor_batch:
+            # a caller that kept the reward columns out of the prompts (veRL's older recipes) scores the batch itself
+            logger.debug("no %r column in the prompts: samples are not scored in the agent loops", key)
+            fn = None
         scorer = None if fn is None else _Scorer(fn, self._scoring)
         tasks = []
         for i in range(rows):

@@ -14,9 +14,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from tensordict import TensorDict
-
 from verl.protocol import DataProto, DataProtoConfig, DataProtoFuture
+from verl.utils.tensordict_import import TensorDict
 from verl.utils.tensordict_utils import chunk_tensordict, concat_tensordict, pad_to_divisor
 
 __all__ = [

@@ -74,6 +74,28 @@ class Worker:
         self._dispatch_dp_rank[mesh_name] = int(dp_rank)
         self._collect_mask[mesh_name] = bool(is_collect)
 
+    def get_dispatch_collect(self) -> dict[str, dict[str, Any]]:
+        """This worker's registered meshes: ``{"dispatch_dp_rank": {mesh: dp_rank}, "collect_dp_rank": {mesh: bool}}``,
+        the keyword arguments of another worker's `set_dispatch_collect`."""
+        return {"dispatch_dp_rank": dict(self._dispatch_dp_rank), "collect_dp_rank": dict(self._collect_mask)}
+
+    def set_dispatch_collect(
+        self, mesh_name: str, dispatch_dp_rank: dict[str, int], collect_dp_rank: dict[str, bool]
+    ) -> None:
+        """Register under ``mesh_name`` the dispatch rank and collect flag of another worker (a fused worker taking
+        over a role's info, from that role's `get_dispatch_collect`). The other worker's meshes must agree on both.
+
+        Raises AssertionError (as veRL does) when ``mesh_name`` is already registered here."""
+        if mesh_name in self._dispatch_dp_rank or mesh_name in self._collect_mask:
+            raise AssertionError(f"mesh {mesh_name!r} is already registered on rank {self.rank}")
+        ranks, collects = set(dispatch_dp_rank.values()), set(collect_dp_rank.values())
+        if len(ranks) != 1 or len(collects) != 1:
+            raise ValueError(
+                f"set_dispatch_collect({mesh_name!r}): the other worker must register one dp rank and one collect "
+                f"flag, got dispatch_dp_rank={dispatch_dp_rank}, collect_dp_rank={collect_dp_rank}"
+            )
+        self._register_dispatch_collect_info(mesh_name, ranks.pop(), collects.pop())
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def _query_dispatch_info(self, mesh_name: str) -> int:
         if mesh_name not in self._dispatch_dp_rank:

@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.base_config import omega_conf_to_dataclass
 from verl.trainer.config.async_training import AsyncTrainingConfig
+from verl.trainer.config.layout import resolve_layout, trainer_mode
 
 __all__ = [
     "ASYNC_MODES",
@@ -64,7 +65,7 @@ BACKENDS = {"colocate_async": RESIDENT_BACKENDS, "separate_async": SEPARATE_BACK
 def default_rollout_is(config: Any) -> str | None:
     """The importance weighting an async mode adds (``async_training.default_rollout_is``): at ``max_lag`` > 0,
     when ``algorithm.rollout_correction`` sets no ``rollout_is``, ``rollout_rs`` or ``bypass_mode``; else None."""
-    if config.trainer.get("mode", "sync") not in ASYNC_MODES:
+    if trainer_mode(config) not in ASYNC_MODES:
         return None
     settings = async_training_config(config)
     correction = config.algorithm.get("rollout_correction") or {}
@@ -82,26 +83,26 @@ def with_derived_settings(config: DictConfig, total_steps: int) -> DictConfig:
     correction of the user's, ``rollout_correction.rollout_is`` (:func:`default_rollout_is`); in ``colocate_async``
     the ``shm`` weight push and in ``separate_async`` the ``gloo`` one (the in-process ``naive`` backend cannot reach
     the servers' processes)."""
-    out = OmegaConf.create(OmegaConf.to_container(config, resolve=True))
+    out = resolve_layout(OmegaConf.create(OmegaConf.to_container(config, resolve=True)))
     with open_dict(out):
         out.actor_rollout_ref.actor.optim.total_training_steps = total_steps
         out.critic.optim.total_training_steps = total_steps
         rollout_is = default_rollout_is(out)
         if rollout_is is not None:
             logger.info(
-                "trainer.mode=%s at async_training.max_lag=%d: off-policy correction "
+                "trainer.v1.trainer_mode=%s at async_training.max_lag=%d: off-policy correction "
                 "algorithm.rollout_correction.rollout_is=%r (async_training.default_rollout_is; null turns it off)",
-                out.trainer.mode,
+                trainer_mode(out),
                 async_training_config(out).max_lag,
                 rollout_is,
             )
             out.algorithm.rollout_correction.rollout_is = rollout_is
-        mode = out.trainer.get("mode", "sync")
+        mode = trainer_mode(out)
         if mode in BACKENDS:
             engine = out.actor_rollout_ref.rollout.checkpoint_engine
             backend = BACKENDS[mode].get(engine.backend, engine.backend)
             if backend != engine.backend:
-                logger.info("trainer.mode=%s pushes weights across processes: backend %r", mode, backend)
+                logger.info("trainer.v1.trainer_mode=%s pushes weights across processes: backend %r", mode, backend)
             engine.backend = backend
         if uses_bypass_mode(out):
             policy_loss = out.actor_rollout_ref.actor.policy_loss

@@ -18,9 +18,13 @@ import logging
 
 from omegaconf import DictConfig, OmegaConf
 
-__all__ = ["BASE_CONFIG_NAMES", "edit_distance", "extend_schema", "running_schema"]
+__all__ = ["BASE_CONFIG_NAMES", "PLUS_KEYS", "edit_distance", "extend_schema", "running_schema"]
 
 logger = logging.getLogger(__name__)
+
+# Keys of the config dataclasses that veRL's YAML leaves out, so veRL's scripts add them with ``+`` (a key the
+# YAML had would make Hydra refuse the ``+``): not generated into the YAML, accepted by validation.
+PLUS_KEYS = ("algorithm.gdpo_reward_keys", "algorithm.gdpo_reward_weights")
 
 # Config names whose keys are the base schema itself (nothing to add).
 BASE_CONFIG_NAMES = ("ppo_trainer",)

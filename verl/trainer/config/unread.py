@@ -20,7 +20,16 @@ from typing import Any, NamedTuple
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-__all__ = ["NAME_USED_ELSEWHERE", "UNREAD", "Unread", "covering", "leaves_of", "report_unread", "set_away"]
+__all__ = [
+    "NAME_USED_ELSEWHERE",
+    "UNREAD",
+    "Unread",
+    "covering",
+    "is_away",
+    "leaves_of",
+    "report_unread",
+    "set_away",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -176,6 +185,7 @@ UNREAD: tuple[Unread, ...] = (
     Unread("critic.optim.clip_grad", "warn", "the critic clips with critic.grad_clip"),
     Unread("critic.model.enable_activation_offload", "warn", "activation offload is not implemented"),
     *_fsdp("critic.model.fsdp_config"),
+    *_fsdp("critic.fsdp"),
     Unread("critic.ulysses_sequence_parallel_size", "error", _SP),
     Unread("critic.checkpoint.load_contents", "error", _LOAD),
     Unread("critic.checkpoint.async_save", "warn", "checkpoints are saved synchronously"),
@@ -203,14 +213,10 @@ UNREAD: tuple[Unread, ...] = (
         "warn",
         "reward-model micro-batches follow micro_batch_size_per_gpu",
     ),
-    Unread("reward_model.use_reward_loop", "warn", "rewards are computed by the reward manager (reward_manager.*)"),
-    *(
-        Unread(f"reward_model.{name}", "error", "custom reward loops are not loaded; use reward_manager.* instead")
-        for name in ("reward_loop_source", "reward_loop_module_path", "reward_loop_class_name")
-    ),
+    Unread("reward_model.use_reward_loop", "warn", "rewards are computed by the reward manager (reward.*)"),
     Unread("reward_model.ulysses_sequence_parallel_size", "error", _SP),
     Unread("reward_model.launch_reward_fn_async", "warn", "rewards are computed in the driver's worker pool"),
-    Unread("reward_model.sandbox_fusion", "warn", "no built-in scorer runs code (no SandboxFusion client)"),
+    Unread("reward.sandbox_fusion", "warn", "no built-in scorer runs code (no SandboxFusion client)"),
     # trainer and the rest
     Unread("trainer.profile_steps", "warn", "use global_profiler.steps with global_profiler.tool=torch"),
     Unread("trainer.esi_redundant_time", "warn", "ESI expiry handling is not implemented"),
@@ -242,7 +248,33 @@ UNREAD: tuple[Unread, ...] = (
         "only the torch profiler is available (global_profiler.tool=torch); the nsys and torch_memory options are "
         "not used",
     ),
-    Unread("transfer_queue.enable", "error", "the transfer queue is not implemented"),
+    Unread(
+        "transfer_queue",
+        "warn",
+        "there is no transfer queue here: batches move between the trainer and the worker groups as DataProto",
+    ),
+    # veRL 0.10's V1 trainer settings that are not built yet (the mode, trainer.v1.trainer_mode, is)
+    Unread("trainer.v1.sync", "warn", "trainer.v1.trainer_mode=sync takes no settings"),
+    *(
+        Unread(
+            f"trainer.v1.{name}",
+            "error",
+            "the V1 trainer's replay buffer, warm-up batches and mini-batch streaming are not built yet (the async "
+            "modes bound staleness with async_training.max_lag)",
+        )
+        for name in ("colocate_async", "separate_async", "sampler")
+    ),
+    Unread(
+        "skip",
+        "error",
+        "veRL 0.10's rollout caching is not built (actor_rollout_ref.rollout.skip_rollout reuses one saved generation)",
+    ),
+    Unread("distillation", "error", "on-policy distillation is not built yet"),
+    Unread(
+        "algorithm.filter_groups.max_inflight_gen_batches",
+        "warn",
+        "dynamic sampling generates one batch after another (veRL 0.10's replay buffer is not built)",
+    ),
     Unread("ray_kwargs.timeline_json_file", "warn", "no Ray timeline is written"),
 )
 
@@ -261,16 +293,22 @@ NAME_USED_ELSEWHERE: frozenset[str] = frozenset(
         "data.tokenizer",
         "data.trust_remote_code",
         "data.use_shm",  # use_shm is the model sections' key (a shared-memory copy of the model folder)
+        # load_contents is read only by FSDPCheckpointManager for a recipe's own model (per-rank files); the
+        # trainer's engine-built workers still load model, optimizer and extra state together
+        "actor_rollout_ref.actor.checkpoint.load_contents",
+        "critic.checkpoint.load_contents",
         "actor_rollout_ref.actor.fsdp_config.entropy_from_logits_with_chunking",
         "actor_rollout_ref.actor.entropy_from_logits_with_chunking",
         "actor_rollout_ref.ref.entropy_from_logits_with_chunking",
         "actor_rollout_ref.ref.model",
         "actor_rollout_ref.ref.fsdp_config.entropy_from_logits_with_chunking",
         "critic.model.fsdp_config.entropy_from_logits_with_chunking",
+        "critic.fsdp.entropy_from_logits_with_chunking",
+        "critic.fsdp.wrap_policy.min_num_params",
+        "critic.fsdp.ulysses_sequence_parallel_size",
         "actor_rollout_ref.actor.optim.clip_grad",  # the engine's default max_norm; the workers pass grad_clip
         "critic.optim.clip_grad",
         f"{_ROLLOUT}.calculate_log_probs",
-        "transfer_queue.enable",
         "reward_model.strategy",
         "reward_model.micro_batch_size",
         "reward_model.use_dynamic_bsz",
@@ -279,6 +317,34 @@ NAME_USED_ELSEWHERE: frozenset[str] = frozenset(
         "reward_model.model.use_remove_padding",
         "reward_model.max_length",  # the SFT datasets read their own data.max_length
         f"{_ROLLOUT}.trace",  # verl.utils.rollout_trace's names (veRL's decorators, tracing off) are not the key
+        # veRL's legacy worker API (verl.workers.fsdp_legacy, verl.utils.ulysses, fsdp_utils, sandbox tools) takes
+        # these names as arguments from recipes' own code and refuses or honours them there; the config keys stay
+        # unread by the trainer's workers
+        "actor_rollout_ref.model.enable_activation_offload",
+        "actor_rollout_ref.model.use_liger",
+        "actor_rollout_ref.model.use_fused_kernels",
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+        "actor_rollout_ref.actor.use_fused_kernels",
+        "actor_rollout_ref.actor.use_prefix_grouper",
+        "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params",
+        "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size",
+        "actor_rollout_ref.ref.ulysses_sequence_parallel_size",
+        "actor_rollout_ref.ref.fsdp_config.wrap_policy.min_num_params",
+        "actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size",
+        "critic.model.enable_activation_offload",
+        "critic.model.fsdp_config.wrap_policy.min_num_params",
+        "critic.model.fsdp_config.ulysses_sequence_parallel_size",
+        "critic.ulysses_sequence_parallel_size",
+        "reward_model.model.use_fused_kernels",
+        "reward_model.ulysses_sequence_parallel_size",
+        "reward.sandbox_fusion",
+        # veRL 0.10's names that are this project's words for other things (the modes, the sampler of data.*)
+        "trainer.v1.sync",
+        "trainer.v1.colocate_async",
+        "trainer.v1.separate_async",
+        "trainer.v1.sampler",
+        "skip",
+        "distillation",  # need_teacher_policy reads distillation.enabled (refused at start-up when true)
     }
 )
 
@@ -342,6 +408,23 @@ def _plain(value: Any) -> Any:
 
 def _is_interpolation(value: Any) -> bool:
     return isinstance(value, str) and "${" in value
+
+
+def is_away(config: DictConfig, base: DictConfig, key: str) -> bool:
+    """Whether ``config`` (composed, unresolved) sets ``key`` away from its default in ``base``: the value as written
+    differs and (for a default written as an interpolation) so does the value it resolves to; an absent key is at
+    its default, and so is an absent default's null."""
+    raw_value, raw_default = _raw(_node(config, key)), _raw(_node(base, key))
+    if raw_value is _MISSING or raw_value == raw_default:
+        return False
+    value = _plain(OmegaConf.select(config, key, default=None))
+    if raw_default is _MISSING:
+        return value is not None
+    if _is_interpolation(raw_default):
+        follow = copy.deepcopy(config)
+        OmegaConf.update(follow, key, raw_default, merge=False)
+        return value != _plain(OmegaConf.select(follow, key, default=None))
+    return value != raw_default
 
 
 def set_away(config: DictConfig, base: DictConfig) -> Iterator[tuple[Unread, str, Any, Any]]:

@@ -15,6 +15,7 @@ modules.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import importlib.util
 import logging
@@ -32,7 +33,9 @@ from verl.trainer.config.derived import (
     SEPARATE_BACKENDS,
     uses_bypass_mode,
 )
-from verl.trainer.config.schema import running_schema
+from verl.trainer.config.errors import ConfigError
+from verl.trainer.config.layout import resolve_layout, rollout_pool, trainer_mode
+from verl.trainer.config.schema import PLUS_KEYS, extend_schema, running_schema
 from verl.trainer.config.unread import report_unread
 from verl.trainer.config.validate_async import check_async_training
 from verl.trainer.config.validate_lora import check_lora
@@ -48,15 +51,6 @@ TARGET = "_target_"
 TRAINER_MODES = ("sync", "colocate_async", "separate_async")
 
 
-class ConfigError(ValueError):
-    """The config has problems; the message lists every one of them."""
-
-    def __init__(self, problems: list[str]):
-        self.problems = list(problems)
-        lines = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(f"{len(self.problems)} problem(s) in the config:\n{lines}")
-
-
 def base_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     """The schema and defaults: ``ppo_trainer`` composed from its Hydra groups (cached; a fresh copy each call,
     struct mode off). ``overrides``: Hydra overrides, e.g. ``["actor@actor_rollout_ref.actor=dp_actor"]``."""
@@ -69,12 +63,13 @@ def world_size(config: Any) -> int:
 
 
 def rollout_pool_size(config: Any) -> int:
-    """Rollout servers on a pool of their own (``trainer.mode=separate_async``): ``rollout.n_gpus_per_node ×
-    rollout.nnodes``; 0 in the other modes."""
-    if config.trainer.get("mode", "sync") != "separate_async":
+    """Rollout servers on a pool of their own (``trainer.v1.trainer_mode=separate_async``):
+    ``actor_rollout_ref.rollout.n_gpus_per_node × nnodes`` (the older top-level ``rollout.*`` are read into them:
+    `verl.trainer.config.layout`); 0 in the other modes."""
+    if trainer_mode(config) != "separate_async":
         return 0
-    pool = config.get("rollout") or {}
-    return int(pool.get("n_gpus_per_node", 1)) * int(pool.get("nnodes", 1))
+    nnodes, n_gpus_per_node = rollout_pool(config)
+    return nnodes * n_gpus_per_node
 
 
 def need_critic(config: Any) -> bool:
@@ -135,6 +130,8 @@ def _walk(user: DictConfig, schema: DictConfig, prefix: str, problems: list[str]
         path = f"{prefix}.{key}" if prefix else str(key)
         if key == TARGET:  # veRL's dataclass pointers: accepted anywhere, ignored when building
             continue
+        if key not in schema and path in PLUS_KEYS:
+            continue
         if key not in schema:
             known = ", ".join(sorted(str(k) for k in schema if k != TARGET))
             problems.append(f"unknown key {path!r}; the keys at {prefix or 'the top level'} are: {known}")
@@ -175,11 +172,6 @@ def _sizes(config: Any, problems: list[str]) -> None:
             f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} is larger than "
             f"data.train_batch_size={data.train_batch_size}; lower it"
         )
-    elif data.train_batch_size % actor.ppo_mini_batch_size:
-        problems.append(
-            f"data.train_batch_size={data.train_batch_size} is not a multiple of actor_rollout_ref.actor."
-            f"ppo_mini_batch_size={actor.ppo_mini_batch_size}; make it one"
-        )
     if not actor.use_dynamic_bsz and actor.ppo_micro_batch_size_per_gpu is None:
         problems.append("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu is required unless use_dynamic_bsz=true")
     if not rollout.log_prob_use_dynamic_bsz and rollout.log_prob_micro_batch_size_per_gpu is None:
@@ -193,9 +185,13 @@ def _sizes(config: Any, problems: list[str]) -> None:
 
 
 def _trainer(config: Any, problems: list[str]) -> None:
-    mode = config.trainer.get("mode", "sync")
+    mode = trainer_mode(config)
     if mode not in TRAINER_MODES:
-        problems.append(f"trainer.mode={mode!r}; use one of {list(TRAINER_MODES)}")
+        problems.append(f"trainer.v1.trainer_mode={mode!r}; use one of {list(TRAINER_MODES)}")
+    engine = config.get("model_engine", "dp")
+    if engine != "dp":
+        built = "not built yet" if engine == "megatron" else "not available here"
+        problems.append(f"model_engine={engine!r}: the {engine} engine is {built}; use model_engine=dp (FSDP)")
     device = config.trainer.get("device", "auto")
     if device not in ("auto", "cpu", "cuda"):
         problems.append(f"trainer.device={device!r}; use auto, cpu or cuda")
@@ -260,28 +256,28 @@ def _rollout(config: Any, problems: list[str]) -> None:
             "same generation path here"
         )
     backend = (rollout.get("checkpoint_engine") or {}).get("backend", "naive")
-    mode = config.trainer.get("mode", "sync")
+    mode = trainer_mode(config)
     if mode == "sync" and backend == "shm":
         problems.append(
             "actor_rollout_ref.rollout.checkpoint_engine.backend=shm pushes weights into a rollout engine in another "
-            "process of the node (trainer.mode=colocate_async); the hybrid engine of trainer.mode=sync holds it in "
-            "the training process: use backend=naive"
+            "process of the node (trainer.v1.trainer_mode=colocate_async); the hybrid engine of the sync mode holds "
+            "it in the training process: use backend=naive"
         )
     elif mode == "sync" and backend in ("gloo", "nccl"):
         problems.append(
             f"actor_rollout_ref.rollout.checkpoint_engine.backend={backend} broadcasts weights to rollout replicas on "
-            "a pool of their own (trainer.mode=separate_async); the hybrid engine of trainer.mode=sync holds the "
-            "engine in the training process: use backend=naive"
+            "a pool of their own (trainer.v1.trainer_mode=separate_async); the hybrid engine of the sync mode holds "
+            "the engine in the training process: use backend=naive"
         )
     elif mode == "colocate_async" and backend not in RESIDENT_BACKENDS:
         problems.append(
-            f"actor_rollout_ref.rollout.checkpoint_engine.backend={backend!r}: trainer.mode=colocate_async pushes "
-            f"weights to the rollout servers of the node with one of {sorted(RESIDENT_BACKENDS)}"
+            f"actor_rollout_ref.rollout.checkpoint_engine.backend={backend!r}: trainer.v1.trainer_mode=colocate_async "
+            f"pushes weights to the rollout servers of the node with one of {sorted(RESIDENT_BACKENDS)}"
         )
     elif mode == "separate_async" and backend not in SEPARATE_BACKENDS:
         problems.append(
-            f"actor_rollout_ref.rollout.checkpoint_engine.backend={backend!r}: trainer.mode=separate_async pushes "
-            f"weights to the rollout pool over torch.distributed with one of {sorted(SEPARATE_BACKENDS)}"
+            f"actor_rollout_ref.rollout.checkpoint_engine.backend={backend!r}: trainer.v1.trainer_mode=separate_async "
+            f"pushes weights to the rollout pool over torch.distributed with one of {sorted(SEPARATE_BACKENDS)}"
         )
     tp = rollout.tensor_model_parallel_size
     if rollout.name == "vllm" and tp != 1:
@@ -351,19 +347,25 @@ def _multi_turn(config: Any, problems: list[str], check_environment: bool) -> No
     if not check_environment:
         return
     from verl.interactions.utils.interaction_registry import initialize_interactions_from_config
-    from verl.tools.utils.tool_registry import initialize_tools_from_config
+    from verl.tools.tool_registry import load_all_tools
 
-    for name, load in (
-        ("tool_config_path", initialize_tools_from_config),
-        ("interaction_config_path", initialize_interactions_from_config),
-    ):
-        if turn.get(name):
-            try:
-                load(turn[name])
-            except Exception as e:  # noqa: BLE001 - every loading problem is reported with the key
-                problems.append(f"{key}.{name}: {e}")
-    if turn.enable and not (turn.get("tool_config_path") or turn.get("interaction_config_path")):
-        logger.warning("%s.enable=True without tool_config_path or interaction_config_path: no tools to call", key)
+    if turn.get("tool_config_path") or turn.get("function_tool_path"):
+        try:  # the YAML tools and the @function_tool file together (a name in both is an error naming both)
+            load_all_tools(turn.get("tool_config_path"), turn.get("function_tool_path"))
+        except Exception as e:  # noqa: BLE001 - every loading problem is reported with the key
+            which = [n for n in ("tool_config_path", "function_tool_path") if turn.get(n)]
+            problems.append(f"{key}.{' / '.join(which)}: {e}")
+    if turn.get("interaction_config_path"):
+        try:
+            initialize_interactions_from_config(turn.interaction_config_path)
+        except Exception as e:  # noqa: BLE001
+            problems.append(f"{key}.interaction_config_path: {e}")
+    sources = ("tool_config_path", "function_tool_path", "interaction_config_path")
+    if turn.enable and not any(turn.get(n) for n in sources):
+        logger.warning(
+            "%s.enable=True without tool_config_path, function_tool_path or interaction_config_path: no tools to call",
+            key,
+        )
 
 
 def _profiler(config: Any, problems: list[str]) -> None:
@@ -389,7 +391,9 @@ def _looks_local(path: str) -> bool:
 def _running_model_keys(config: Any, leaf: str) -> list[str]:
     """``<role>.model.<leaf>`` of the roles that run: the actor always, the critic and the reward model when used."""
     roles = (
-        ["actor_rollout_ref"] + ["critic"] * need_critic(config) + ["reward_model"] * bool(config.reward_model.enable)
+        ["actor_rollout_ref"]
+        + ["critic"] * need_critic(config)
+        + ["reward_model"] * bool(config.reward.reward_model.enable)
     )
     return [f"{role}.model.{leaf}" for role in roles]
 
@@ -467,57 +471,97 @@ def _estimator(config: Any, problems: list[str]) -> None:
 
 
 def _overlong_buffer(config: Any, problems: list[str]) -> None:
-    """``reward_model.overlong_buffer.enable`` with a registered manager that does not apply the buffer would train
-    without the overlong punishment: refused."""
-    if not (config.reward_model.get("overlong_buffer") or {}).get("enable", False):
+    """``reward.reward_kwargs.overlong_buffer_cfg.enable`` (the older ``reward_model.overlong_buffer.enable``) with a
+    registered manager that does not apply the buffer would train without the overlong punishment: refused."""
+    reward = config.reward
+    if not ((reward.get("reward_kwargs") or {}).get("overlong_buffer_cfg") or {}).get("enable", False):
         return
-    manager = config.get("reward_manager") or {}
+    manager = reward.reward_manager
     if (manager.get("source") or "register") != "register":
         return  # an importlib manager is checked when it is built
     from verl.trainer.ppo.reward import _constructor_parameters
     from verl.workers.reward_manager import REWARD_MANAGER_REGISTRY
 
-    name = manager.get("name") or config.reward_model.get("reward_manager") or "naive"
+    name = manager.get("name") or "naive"
     cls = REWARD_MANAGER_REGISTRY.get(name)
     if cls is not None and "overlong_buffer_cfg" not in _constructor_parameters(cls)[0]:
         problems.append(
-            f"reward_model.overlong_buffer.enable=true, but the reward manager {name!r} does not apply the overlong "
-            "buffer: set reward_model.reward_manager=dapo (reward_manager.name=dapo) or disable the buffer"
+            f"reward.reward_kwargs.overlong_buffer_cfg.enable=true, but the reward manager {name!r} does not apply "
+            "the overlong buffer: set reward.reward_manager.name=dapo or disable the buffer"
         )
 
 
-def _only_base(config: DictConfig, base: DictConfig) -> DictConfig:
+def _only_base(config: DictConfig, base: DictConfig, prefix: str = "") -> DictConfig:
     """``config`` without the keys a recipe's schema added (under non-open base mappings), so the config dataclasses
-    are checked on the keys they know; the recipe's own code reads the rest."""
+    are checked on the keys they know (veRL's ``+`` keys, `PLUS_KEYS`, among them); the recipe's own code reads the
+    rest."""
     for key in list(config):
-        if key == TARGET:
+        path = f"{prefix}{key}"
+        if key == TARGET or path in PLUS_KEYS:
             continue
         if key not in base:
             del config[key]
             continue
         node, bnode = config._get_node(key), base._get_node(key)
         if isinstance(node, DictConfig) and isinstance(bnode, DictConfig) and not _is_open(bnode):
-            _only_base(node, bnode)
+            _only_base(node, bnode, f"{path}.")
     return config
 
 
-def validate_config(config: DictConfig, check_environment: bool = True, schema: DictConfig | None = None) -> None:
+def _own_keys_schema(config: DictConfig, base: DictConfig) -> tuple[DictConfig, list[str]]:
+    """Outside a Hydra app (a recipe's TaskRunner actor validating what its yaml composed): ``base`` extended by
+    the config's own keys, typos of base keys still reported; the keys added are logged."""
+    schema, problems = extend_schema(base, config, where="the config (validated outside its Hydra app)")
+
+    def added(b: DictConfig, s: DictConfig, prefix: str) -> list[str]:
+        out = []
+        for key in s:
+            if key not in b:
+                out.append(f"{prefix}{key}")
+            elif isinstance(s._get_node(key), DictConfig) and isinstance(b._get_node(key), DictConfig):
+                out += added(b._get_node(key), s._get_node(key), f"{prefix}{key}.")
+        return out
+
+    keys = added(base, schema, "")
+    if keys:
+        logger.warning(
+            "validating outside a Hydra app: keys verl does not know are taken as the recipe's own (its code reads "
+            "them): %s",
+            ", ".join(keys),
+        )
+    return schema, problems
+
+
+def validate_config(
+    config: DictConfig,
+    check_environment: bool = True,
+    schema: DictConfig | None = None,
+    own_keys_declared: bool = False,
+) -> None:
     """Raise `ConfigError` listing every problem of ``config`` (a composed trainer config). ``check_environment``:
     also check that this environment can run it (the rollout engine's package is installed, local model paths are
     folders, ``model.external_lib`` modules import); off to check a config meant for another machine. Keys accepted
     but not acted on log a warning when set (see `verl.trainer.config.unread`).
 
     ``schema``: the keys allowed (default: the base config, plus, under a running Hydra app whose primary config is
-    a recipe's yaml, the keys that yaml declares; see `verl.trainer.config.schema`)."""
+    a recipe's yaml, the keys that yaml declares; see `verl.trainer.config.schema`). ``own_keys_declared``: outside
+    a Hydra app, take the config's own extra keys as declared (veRL's ``verl.utils.config.validate_config``, called
+    by recipes in their TaskRunner actor, where the recipe's yaml cannot be found)."""
     problems: list[str] = []
     base = base_config()
     if schema is None:
         found = running_schema(base)
+        if found is None and own_keys_declared:
+            from hydra.core.hydra_config import HydraConfig
+
+            if not HydraConfig.initialized():
+                found = _own_keys_schema(config, base)
         if found is not None:
             schema, problems = found[0], list(found[1])
     _walk(config, schema if schema is not None else base, "", problems)
     if problems:  # unknown keys / wrong types: the rest would only repeat them
         raise ConfigError(problems)
+    config = resolve_layout(copy.deepcopy(config), base)  # veRL's older names read into the newer ones
     resolved = OmegaConf.to_container(config, resolve=True)
     cfg = _only_base(OmegaConf.create(resolved), base)
     arr = cfg.actor_rollout_ref

@@ -1,6 +1,6 @@
 """The rules of the async trainer modes, checked with the rest of the config by
-:func:`verl.trainer.config.validate.validate_config`: ``async_training.*`` against ``trainer.mode``, the top-level
-``rollout`` pool and ``actor_rollout_ref.hybrid_engine`` (what ``separate_async`` reads)."""
+:func:`verl.trainer.config.validate.validate_config`: ``async_training.*`` against ``trainer.v1.trainer_mode``, the
+rollout servers' pool and ``actor_rollout_ref.hybrid_engine`` (what ``separate_async`` reads)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 
 from verl.trainer.config.async_training import AsyncTrainingConfig
 from verl.trainer.config.derived import ASYNC_MODES, ROLLOUT_POOL_DEFAULTS, async_training_config
+from verl.trainer.config.layout import rollout_pool
 
 __all__ = ["check_async_training"]
 
@@ -16,7 +17,7 @@ logger = logging.getLogger(__name__)
 
 
 def check_async_training(config: Any, mode: str, problems: list[str]) -> None:
-    """``async_training.*`` against ``trainer.mode`` (the keys' meanings: `AsyncTrainingConfig`), the rollout pool
+    """``async_training.*`` against ``trainer.v1.trainer_mode`` (the keys' meanings: `AsyncTrainingConfig`), the pool
     and ``actor_rollout_ref.hybrid_engine``; each problem appended to ``problems``."""
     try:
         settings = async_training_config(config)
@@ -26,7 +27,7 @@ def check_async_training(config: Any, mode: str, problems: list[str]) -> None:
     if settings.partial_rollout and mode != "separate_async":
         problems.append(
             f"async_training.partial_rollout=true (abort the requests in flight at a weight push and resume them with "
-            f"the new weights) with trainer.mode={mode}: only trainer.mode=separate_async, whose servers generate "
+            f"the new weights) with trainer.v1.trainer_mode={mode}: only separate_async, whose servers generate "
             "while the trainer pushes, can; set it false"
         )
     elif settings.partial_rollout and settings.max_lag == 0:
@@ -36,26 +37,28 @@ def check_async_training(config: Any, mode: str, problems: list[str]) -> None:
         )
     if settings.trigger_parameter_sync_step != 1:
         problems.append(
-            f"async_training.trigger_parameter_sync_step={settings.trigger_parameter_sync_step}: trainer.mode={mode} "
+            f"async_training.trigger_parameter_sync_step={settings.trigger_parameter_sync_step}: trainer mode {mode} "
             "pushes the weights after every update (1)"
             + ("; generating with older weights is an async mode" if mode == "sync" else "; set it to 1")
         )
-    reward_model = config.get("reward_model") or {}
+    reward_model = config.reward.reward_model
     if mode in ASYNC_MODES and reward_model.get("enable") and not reward_model.get("enable_resource_pool"):
         problems.append(
-            f"reward_model.enable=true with trainer.mode={mode}: the reward model scores each batch on the "
+            f"reward.reward_model.enable=true with trainer.v1.trainer_mode={mode}: the reward model scores each batch "
+            "on the "
             "generation thread while the training workers update, so it cannot share their processes; set "
-            "reward_model.enable_resource_pool=true (with reward_model.n_gpus_per_node / nnodes)"
+            "reward.reward_model.enable_resource_pool=true (with reward.reward_model.n_gpus_per_node / nnodes)"
         )
     _separate_pool(config, mode, problems)
     if mode == "separate_async" and (config.algorithm.get("filter_groups") or {}).get("enable", False):
         problems.append(
-            "algorithm.filter_groups.enable=true with trainer.mode=separate_async: the trainer takes whole training "
-            "batches from the sample queue, with no rollout filter yet; use trainer.mode=sync or colocate_async"
+            "algorithm.filter_groups.enable=true with trainer.v1.trainer_mode=separate_async: the trainer takes whole "
+            "training batches from the sample queue, with no rollout filter yet; use the sync or colocate_async mode"
         )
     if mode == "colocate_async" and settings.staleness_threshold is not None:
         logger.warning(
-            "async_training.staleness_threshold=%s: no effect with trainer.mode=colocate_async, whose bound is "
+            "async_training.staleness_threshold=%s: no effect with trainer.v1.trainer_mode=colocate_async, whose bound "
+            "is "
             "async_training.max_lag=%d (batches generated ahead, each from one weight version)",
             settings.staleness_threshold,
             settings.max_lag,
@@ -69,7 +72,8 @@ def check_async_training(config: Any, mode: str, problems: list[str]) -> None:
         ]
         if ignored:
             logger.warning(
-                "async_training.%s: no effect with trainer.mode=sync, which always trains on the newest weights "
+                "async_training.%s: no effect with trainer.v1.trainer_mode=sync, which always trains on the newest "
+                "weights "
                 "(lag 0)",
                 ", async_training.".join(ignored),
             )
@@ -85,24 +89,28 @@ def check_async_training(config: Any, mode: str, problems: list[str]) -> None:
 
 
 def _separate_pool(config: Any, mode: str, problems: list[str]) -> None:
-    """The top-level ``rollout`` pool and ``actor_rollout_ref.hybrid_engine``: what ``separate_async`` reads."""
-    pool = config.get("rollout") or {}
+    """The rollout servers' pool (``actor_rollout_ref.rollout.{nnodes,n_gpus_per_node}``, or the older top-level
+    ``rollout.*``) and ``actor_rollout_ref.hybrid_engine``: what ``separate_async`` reads."""
+    nnodes, n_gpus_per_node = rollout_pool(config)
+    pool = {"nnodes": nnodes, "n_gpus_per_node": n_gpus_per_node}
     hybrid = config.actor_rollout_ref.get("hybrid_engine", True)
     if mode != "separate_async":
         if hybrid is False:
             problems.append(
-                f"actor_rollout_ref.hybrid_engine=false with trainer.mode={mode}: rollout engines apart from the "
-                "training workers, on a pool of their own, are trainer.mode=separate_async; else leave it true"
+                f"actor_rollout_ref.hybrid_engine=false with trainer.v1.trainer_mode={mode}: rollout engines apart "
+                "from the training workers, on a pool of their own, are the separate_async mode; else leave it true"
             )
         changed = {k: pool[k] for k, default in ROLLOUT_POOL_DEFAULTS.items() if pool.get(k, default) != default}
         if changed:
             logger.warning(
-                "rollout.%s: no effect with trainer.mode=%s (the rollout pool of trainer.mode=separate_async)",
-                ", rollout.".join(f"{k}={v}" for k, v in changed.items()),
+                "actor_rollout_ref.rollout.%s: no effect with trainer.v1.trainer_mode=%s (the pool of separate_async)",
+                ", actor_rollout_ref.rollout.".join(f"{k}={v}" for k, v in changed.items()),
                 mode,
             )
         return
     for key in ROLLOUT_POOL_DEFAULTS:
         value = pool.get(key, ROLLOUT_POOL_DEFAULTS[key])
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            problems.append(f"rollout.{key}={value!r}: the rollout servers' pool needs an integer >= 1")
+            problems.append(
+                f"actor_rollout_ref.rollout.{key}={value!r}: the rollout servers' pool needs an integer >= 1"
+            )

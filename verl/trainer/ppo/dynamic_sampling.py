@@ -40,6 +40,7 @@ class StepState:
     kept: list[DataProto] = field(default_factory=list)
     kept_prompts: int = 0
     gen_batches: int = 0
+    evicted_prompts: int = 0
 
 
 def group_filter_values(batch: DataProto, metric: str) -> np.ndarray:
@@ -59,27 +60,31 @@ def group_filter_values(batch: DataProto, metric: str) -> np.ndarray:
         raise ValueError(f"algorithm.filter_groups.metric={metric!r} has non-numeric values") from e
 
 
-def _informative_rows(uids: np.ndarray, values: np.ndarray) -> tuple[list[int], int]:
-    """Rows of the groups (by uid) whose values are not all equal, or that have one sample; and their count."""
+def _informative_rows(uids: np.ndarray, values: np.ndarray) -> tuple[list[int], int, int]:
+    """Rows of the groups (by uid) whose values are not all equal, or that have one sample; their count; and the
+    count of the groups dropped."""
     rows: dict[Any, list[int]] = defaultdict(list)
     for i, uid in enumerate(uids):
         rows[uid].append(i)
     kept = [index for index in rows.values() if len(index) == 1 or np.std(values[index]) > 0]
-    return sorted(i for index in kept for i in index), len(kept)
+    return sorted(i for index in kept for i in index), len(kept), len(rows) - len(kept)
 
 
 def accumulate_groups(batch: DataProto, step: StepState, config: Any) -> DataProto | None:
     """Add the informative groups of a scored generation batch to ``step``; return the training batch
     (``data.train_batch_size`` prompts × ``rollout.n``) once there are enough, else None. Logs
-    ``train/num_gen_batches``."""
+    ``train/num_gen_batches`` and veRL 0.10's ``training/filter_groups/evicted_samples`` (prompt groups dropped)
+    and ``training/filter_groups/discarded_surplus_samples`` (informative groups beyond the training batch)."""
     filter_cfg = config.algorithm.filter_groups
     values = group_filter_values(batch, filter_cfg.metric)
-    rows, prompts = _informative_rows(batch.non_tensor_batch["uid"], values)
+    rows, prompts, dropped = _informative_rows(batch.non_tensor_batch["uid"], values)
     step.gen_batches += 1
     step.kept_prompts += prompts
+    step.evicted_prompts += dropped
     if rows:
         step.kept.append(batch.select_idxs(rows))
     step.metrics["train/num_gen_batches"] = step.gen_batches
+    step.metrics["training/filter_groups/evicted_samples"] = step.evicted_prompts
     wanted = int(config.data.train_batch_size)
     if step.kept_prompts < wanted:
         limit = int(filter_cfg.max_num_gen_batches or 0)
@@ -92,5 +97,6 @@ def accumulate_groups(batch: DataProto, step: StepState, config: Any) -> DataPro
             )
         logger.info("dynamic sampling: %d/%d prompts after %d batches", step.kept_prompts, wanted, step.gen_batches)
         return None
+    step.metrics["training/filter_groups/discarded_surplus_samples"] = step.kept_prompts - wanted
     merged = DataProto.concat(step.kept)
     return merged[: wanted * int(config.actor_rollout_ref.rollout.n)]

@@ -1,4 +1,4 @@
-"""`RayPPOTrainer`: the single-controller PPO/GRPO loop over worker groups, one trainer for every ``trainer.mode``.
+"""`RayPPOTrainer`: the single-controller PPO/GRPO loop over worker groups, one trainer for every trainer mode.
 
 ``fit()`` runs one step per training batch, the same named stages in every mode: the batch comes from the mode's
 rollout source (``rollout_source.next_batch``: gen → gen_max → reward, scheduled by the mode; several generation
@@ -38,11 +38,13 @@ from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup, cre
 from verl.single_controller.ray.base import WorkerDiedError
 from verl.single_controller.ray.health import placement, raise_if_workers_died
 from verl.trainer.config.derived import total_training_steps, uses_bypass_mode, with_derived_settings
+from verl.trainer.config.layout import resolve_layout, trainer_mode
 from verl.trainer.ppo.core_algos import AdvantageEstimator, compute_pf_ppo_reweight_data, get_kl_controller
 from verl.trainer.ppo.dynamic_sampling import StepState, accumulate_groups
 from verl.trainer.ppo.generation import TrainerGeneration
 from verl.trainer.ppo.metric_utils import (
     compute_data_metrics,
+    compute_spec_decode_metrics,
     compute_staleness_metrics,
     compute_throughout_metrics,
     compute_timing_metrics,
@@ -50,7 +52,7 @@ from verl.trainer.ppo.metric_utils import (
 )
 from verl.trainer.ppo.on_policy import old_log_prob_in_update
 from verl.trainer.ppo.profiling import TrainerProfiling
-from verl.trainer.ppo.reward import compute_reward_with_metrics
+from verl.trainer.ppo.reward import compute_reward_with_metrics, load_reward_fns
 from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode, compute_rollout_correction_and_add_to_batch
 from verl.trainer.ppo.rollout_manager import CheckpointManager, create_rollout_manager, start_rollout_servers
 from verl.trainer.ppo.rollout_source import PromptStream, RolloutFilter, get_rollout_source_class
@@ -81,6 +83,7 @@ __all__ = [
     "apply_kl_penalty",
     "compute_advantage",
     "compute_response_mask",
+    "compute_spec_decode_metrics",  # veRL's import path; lives in metric_utils
     "marked_timer",
 ]
 
@@ -116,30 +119,40 @@ class RayPPOTrainer(TrainerGeneration, TrainerCheckpointing, TrainerProfiling, G
         train_sampler: Any = None,
         device_name: str | None = None,
     ) -> None:
-        self.config = OmegaConf.create(OmegaConf.to_container(config, resolve=True))
-        # what model.external_lib registers (estimators run here, on the driver) must exist in this process too
-        import_external_libs(self.config.actor_rollout_ref.model.get("external_lib"))
+        self.config = resolve_layout(OmegaConf.create(OmegaConf.to_container(config, resolve=True)))
         self.tokenizer = tokenizer
         self.processor = processor
         self.role_worker_mapping = role_worker_mapping
         self.resource_pool_manager = resource_pool_manager
         self.ray_worker_group_cls = ray_worker_group_cls
-        self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn
         self.use_critic = need_critic(self.config)
         self.use_reference_policy = need_reference_policy(self.config)
-        self.use_rm = bool(self.config.reward_model.enable)
-        # the reference policy runs inside the actor's workers (role actor_rollout_ref): ref_policy_wg is that group
-        self.ref_in_actor = self.use_reference_policy
-        self.async_rollout_mode = True  # as veRL: rollout.mode=sync takes the same (server / agent-loop) path
-        self._init_profiling()
+        self.use_rm = bool(self.config.reward.reward_model.enable)
+        if reward_fn is None and not self.use_rm:  # veRL 0.10's trainer takes none: the config's reward.* names it
+            reward_fn, default_val_fn = load_reward_fns(self.config, tokenizer)
+            val_reward_fn = default_val_fn if val_reward_fn is None else val_reward_fn
+        self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn
         algo = self.config.algorithm
         self.kl_ctrl_in_reward = get_kl_controller(algo.kl_ctrl) if algo.use_kl_in_reward else None
-        self.train_dataset, self.val_dataset = train_dataset, val_dataset
+        self._create_dataloader(train_dataset, val_dataset, collate_fn, train_sampler)
+        self._init_derived()
+
+    def _init_derived(self) -> None:
+        """What the trainer derives from its config and data (after ``_create_dataloader``). Also run by
+        ``init_workers`` for a veRL-style subclass whose ``__init__`` sets its own attributes without calling ours
+        (SPPO's): what it set is kept."""
+        # what model.external_lib registers (estimators run here, on the driver) must exist in this process too
+        import_external_libs(self.config.actor_rollout_ref.model.get("external_lib"))
+        # the reference policy runs inside the actor's workers (role actor_rollout_ref): ref_policy_wg is that group
+        self.use_reference_policy = getattr(self, "use_reference_policy", need_reference_policy(self.config))
+        self.ref_in_actor = self.use_reference_policy
+        self.async_rollout_mode = True  # as veRL: rollout.mode=sync takes the same (server / agent-loop) path
+        if not hasattr(self, "kl_ctrl_in_reward"):
+            algo = self.config.algorithm
+            self.kl_ctrl_in_reward = get_kl_controller(algo.kl_ctrl) if algo.use_kl_in_reward else None
+        self._init_profiling()
         trainer = self.config.trainer
         self.generations_logger = ValidationGenerationsLogger(trainer.project_name, trainer.experiment_name)
-        self._create_dataloader(train_dataset, val_dataset, collate_fn, train_sampler)
-        self.total_training_steps = total_training_steps(self.config, len(self.train_dataloader))
-        self.config = with_derived_settings(self.config, self.total_training_steps)
         correction = self.config.algorithm.get("rollout_correction") or {}
         self.bypass_mode = uses_bypass_mode(self.config)
         self.rollout_correction = bool(correction.get("rollout_is") or correction.get("rollout_rs"))
@@ -151,7 +164,7 @@ class RayPPOTrainer(TrainerGeneration, TrainerCheckpointing, TrainerProfiling, G
         logger.info("zero-advantage samples: %s", f"kept ({why_kept})" if why_kept else "skipped in the update")
         self.state = TrainerState(kl_ctrl=self.kl_ctrl_in_reward, dataloader=self.train_dataloader)
         self.rollout_filter = self._create_rollout_filter()
-        self.rollout_source = get_rollout_source_class(trainer.mode)(self)
+        self.rollout_source = get_rollout_source_class(trainer_mode(self.config))(self)
         self.state.source = self.rollout_source
         self.prompts: PromptStream | None = None  # the training prompts, from fit(); a recipe's fit() reads the loader
 
@@ -166,9 +179,22 @@ class RayPPOTrainer(TrainerGeneration, TrainerCheckpointing, TrainerProfiling, G
 
     # ------------------------------------------------------------------ set-up
     def _create_dataloader(self, train_dataset: Any, val_dataset: Any, collate_fn: Any, train_sampler: Any) -> None:
-        from verl.utils.dataset.rl_dataset import create_dataloader, dataloader_workers
+        """The train and validation loaders (veRL's): a dataset, sampler or ``collate_fn`` not given is built from
+        ``config.data`` as ``main_ppo`` builds it (``create_rl_dataset``, ``create_rl_sampler``, the RL dataset's
+        ``collate_fn``), so a recipe main may construct the trainer without data; no ``data.val_files``: no
+        validation loader."""
+        from verl.utils.dataset import rl_dataset
+        from verl.utils.dataset.rl_dataset import create_dataloader, create_rl_dataset, dataloader_workers
 
         data = self.config.data
+        if train_dataset is None:
+            train_dataset = create_rl_dataset(data.train_files, data, self.tokenizer, self.processor)
+        if val_dataset is None and data.get("val_files"):
+            val_dataset = create_rl_dataset(data.val_files, data, self.tokenizer, self.processor, is_train=False)
+        self.train_dataset, self.val_dataset = train_dataset, val_dataset
+        if train_sampler is None:
+            train_sampler = rl_dataset.create_rl_sampler(data, train_dataset)
+        collate_fn = collate_fn or rl_dataset.collate_fn
         workers = dataloader_workers(data.dataloader_num_workers)
         self.train_dataloader = create_dataloader(
             train_dataset,
@@ -193,6 +219,8 @@ class RayPPOTrainer(TrainerGeneration, TrainerCheckpointing, TrainerProfiling, G
                 f"data.train_files give {len(train_dataset)} prompts, fewer than one batch of data.train_batch_size="
                 f"{data.train_batch_size}"
             )
+        self.total_training_steps = total_training_steps(self.config, len(self.train_dataloader))
+        self.config = with_derived_settings(self.config, self.total_training_steps)
 
     def _create_rollout_filter(self) -> RolloutFilter | None:
         """The rollout filter hook: what the rollout source applies to each scored generation batch (keep part of
@@ -207,6 +235,8 @@ class RayPPOTrainer(TrainerGeneration, TrainerCheckpointing, TrainerProfiling, G
         """Create the pools and one fused worker per bundle for the roles of each pool; build their models. The
         rollout engines are inside the actor's workers (the hybrid engine), or, in a mode with resident servers,
         a worker group of their own (``self.rollout_wg``) on the actor's bundles or on the rollout pool."""
+        if "rollout_source" not in vars(self):  # a veRL-style subclass __init__ that did not call ours
+            self._init_derived()
         resident, separate = self.rollout_source.resident_servers, self.rollout_source.separate_pool
         if resident and not separate:  # each bundle hosts a training worker and its rollout server
             self.resource_pool_manager.max_colocate_count = max(2, self.resource_pool_manager.max_colocate_count)
@@ -419,6 +449,11 @@ class RayPPOTrainer(TrainerGeneration, TrainerCheckpointing, TrainerProfiling, G
     def fit(self) -> None:
         """Train for ``trainer.total_training_steps`` (or ``total_epochs`` over the data), logging every step: each
         step takes its batch from the mode's rollout source, then runs the update stages (:meth:`_finish_step`)."""
+        if self.config.algorithm.adv_estimator is None:
+            raise ValueError(
+                "algorithm.adv_estimator is null: the trainer's fit() needs an advantage estimator (null is for a "
+                "recipe whose own fit() computes the advantages)"
+            )
         from tqdm import tqdm
 
         trainer = self.config.trainer

@@ -1,23 +1,24 @@
 """Build the reward function of a run from its config, and apply it to a batch.
 
-Config keys read (veRL's names; defaults in brackets):
+Config keys read (veRL 0.10's ``reward.*``; veRL's older names, ``reward_model.*`` / ``reward_manager.*`` /
+``custom_reward_function.*``, are read into them by `verl.trainer.config.layout`; defaults in brackets):
 
-- ``reward_manager.source`` [register]: ``register`` (a name in the reward-manager registry) or ``importlib``;
-- ``reward_manager.name`` [naive]: the manager's registered name (``naive``, ``batch``, ``dapo``) or, with
-  ``importlib``, its class name; ``reward_model.reward_manager`` is read when it is unset (veRL's older alias);
-- ``reward_manager.module.path`` / ``.name``: file and class of an ``importlib`` manager (``.name`` wins over
-  ``reward_manager.name``);
-- ``custom_reward_function.path`` [null] / ``.name`` [compute_score] / ``.reward_kwargs`` [{}]: a user's
+- ``reward.reward_manager.source`` [register]: ``register`` (a name in the reward-manager registry) or
+  ``importlib``;
+- ``reward.reward_manager.name`` [naive]: the manager's registered name (``naive``, ``batch``, ``dapo``, ``gdpo``)
+  or, with ``importlib``, its class name;
+- ``reward.reward_manager.module.path`` / ``.name``: file and class of an ``importlib`` manager (``.name`` wins
+  over ``reward_manager.name``);
+- ``reward.custom_reward_function.path`` [null] / ``.name`` [compute_score] / ``.reward_kwargs`` [{}]: a user's
   ``compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float | dict``; without a
   path, :func:`verl.utils.reward_score.default_compute_score` scores by ``data_source``. The function gets only the
   keywords it declares; a ``reward_kwargs`` key it does not declare is an error at start-up;
-- ``reward_model.reward_kwargs`` [{}]: keywords for the manager (those its constructor declares, e.g. the dapo
-  manager's ``max_resp_len``) or, for the built-in managers, for every ``compute_score`` call (veRL scripts give
-  them as ``+reward_model.reward_kwargs.<key>=<value>``);
+- ``reward.reward_kwargs`` [{}]: keywords for the manager (those its constructor declares, e.g. the dapo manager's
+  ``max_resp_len`` and ``overlong_buffer_cfg.{enable, len, penalty_factor, log}``) or, for the built-in managers,
+  for every ``compute_score`` call (veRL scripts give them as ``+reward.reward_kwargs.<key>=<value>``);
 - ``data.reward_fn_key`` [data_source], ``data.max_response_length`` [512] (dapo);
-- ``reward_model.overlong_buffer.{enable, len, penalty_factor, log}`` [off] (dapo);
-- ``reward_model.timeout_s`` [30]: per-sample limit, in seconds, on one ``compute_score`` call (null or ≤ 0: none);
-- ``reward_model.num_workers`` [1]: scoring processes; 0 scores in threads of the driver process.
+- ``reward.timeout_s`` [30]: per-sample limit, in seconds, on one ``compute_score`` call (null or ≤ 0: none);
+- ``reward.num_workers`` [1]: scoring processes; 0 scores in threads of the driver process.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ __all__ = [
     "compute_reward_with_metrics",
     "extract_reward",
     "get_custom_reward_fn",
+    "load_reward_fns",
     "load_reward_manager",
 ]
 
@@ -60,13 +62,27 @@ def _section(config: Any, key: str) -> Mapping[str, Any]:
     return value if value is not None else {}
 
 
+def _reward(config: Any) -> Mapping[str, Any]:
+    """``config.reward``, with veRL's older reward keys read into it (`verl.trainer.config.layout`; a config that
+    went through the trainer's start-up has nothing left to read, one that a recipe built itself may)."""
+    if config is None:
+        return {}
+    from omegaconf import OmegaConf
+
+    from verl.trainer.config.layout import migrate_legacy_reward_impl
+
+    config = config if OmegaConf.is_config(config) else OmegaConf.create(config)
+    return _section(migrate_legacy_reward_impl(OmegaConf.create(OmegaConf.to_container(config))), "reward")
+
+
 def get_custom_reward_fn(config: Any) -> Callable[..., Any] | None:
-    """The user's reward function from ``custom_reward_function.{path, name, reward_kwargs}``, or None without a path.
+    """The user's reward function from ``reward.custom_reward_function.{path, name, reward_kwargs}``, or None without
+    a path.
 
     The file is imported now, so a wrong path or name fails at start-up. The returned callable merges
     ``reward_kwargs`` over each call's keywords and can be sent to scoring processes (it reloads the file there).
     """
-    section = _section(config, "custom_reward_function")
+    section = _section(_reward(config), "custom_reward_function")
     path = section.get("path")
     if not path:
         return None
@@ -75,30 +91,35 @@ def get_custom_reward_fn(config: Any) -> Callable[..., Any] | None:
     rejected = rejected_kwargs(fn.load(), fn.kwargs)
     if rejected:
         raise TypeError(
-            f"custom_reward_function.reward_kwargs {rejected} are not parameters of {fn.describe()}; add them to "
+            f"reward.custom_reward_function.reward_kwargs {rejected} are not parameters of {fn.describe()}; add them "
+            "to "
             "its signature (or **kwargs) or drop them"
         )
     logger.info("using custom reward function %r from %s", name, fn.path)
     return fn
 
 
-def _manager_class(config: Any) -> type:
-    section = _section(config, "reward_manager")
+def _manager_class(reward: Mapping[str, Any]) -> type:
+    section = _section(reward, "reward_manager")
     source = section.get("source") or "register"
-    name = section.get("name") or _section(config, "reward_model").get("reward_manager") or "naive"
+    name = section.get("name") or "naive"
     if source == "register":
         return get_reward_manager_cls(name)
     if source == "importlib":
         module = section.get("module") or {}
         path = module.get("path")
         if not path:
-            raise ValueError("reward_manager.source=importlib needs reward_manager.module.path (a Python file)")
+            raise ValueError(
+                "reward.reward_manager.source=importlib needs reward.reward_manager.module.path (a Python file)"
+            )
         cls_name = module.get("name") or name
-        cls = load_object_from_file(path, cls_name, "reward_manager.module.path", "reward_manager.module.name")
+        cls = load_object_from_file(
+            path, cls_name, "reward.reward_manager.module.path", "reward.reward_manager.module.name"
+        )
         if not isinstance(cls, type):
-            raise TypeError(f"reward_manager.module: {cls_name!r} in {path} is not a class")
+            raise TypeError(f"reward.reward_manager.module: {cls_name!r} in {path} is not a class")
         return cls
-    raise ValueError(f"reward_manager.source={source!r} must be 'register' or 'importlib'")
+    raise ValueError(f"reward.reward_manager.source={source!r} must be 'register' or 'importlib'")
 
 
 def _constructor_parameters(cls: type) -> tuple[set[str], bool]:
@@ -117,31 +138,32 @@ def _constructor_parameters(cls: type) -> tuple[set[str], bool]:
     return names, True
 
 
-def load_reward_manager(config: Any, tokenizer: Any, num_examine: int, **reward_kwargs: Any) -> Any:
+def load_reward_manager(config: Any, tokenizer: Any, num_examine: int = 0, **reward_kwargs: Any) -> Any:
     """Build the reward manager that the config names (see the module docstring for the keys).
 
-    ``reward_kwargs`` (veRL's ``reward_model.reward_kwargs``) go to the manager's constructor (and, for the built-in
+    ``reward_kwargs`` (veRL's ``reward.reward_kwargs``) go to the manager's constructor (and, for the built-in
     managers, on to every ``compute_score`` call); a key that neither takes is an error naming it. The settings
-    this version adds (``timeout_s``, ``num_workers``) and the dapo manager's ``max_resp_len`` /
-    ``overlong_buffer_cfg`` are given only to a constructor that declares them. Returns the manager, called as
-    ``manager(data, return_dict=False)``.
+    this version adds (``timeout_s``, ``num_workers``) and the dapo manager's ``max_resp_len`` are given only to a
+    constructor that declares them. ``num_examine``: responses printed per batch (veRL 0.10 dropped the argument:
+    0). Returns the manager, called as ``manager(data, return_dict=False)``.
     """
-    cls = _manager_class(config)
-    reward_model = _section(config, "reward_model")
+    reward = _reward(config)
+    cls = _manager_class(reward)
     data = _section(config, "data")
     kwargs: dict[str, Any] = {key: _plain(value) for key, value in reward_kwargs.items()}
     declared, takes_any = _constructor_parameters(cls)
     unknown = sorted(set(kwargs) - declared)
     if unknown and not takes_any:
         raise TypeError(
-            f"reward_model.reward_kwargs {unknown} are not parameters of the reward manager "
+            f"reward.reward_kwargs {unknown} are not parameters of the reward manager "
             f"{cls.__module__}.{cls.__qualname__}; its parameters: {sorted(declared)}"
         )
     optional = {
-        "timeout_s": reward_model.get("timeout_s", DEFAULT_REWARD_TIMEOUT_S),
-        "num_workers": reward_model.get("num_workers", 1),
+        "timeout_s": reward.get("timeout_s", DEFAULT_REWARD_TIMEOUT_S),
+        "num_workers": reward.get("num_workers", 1),
         "max_resp_len": data.get("max_response_length", 512),
-        "overlong_buffer_cfg": _plain(reward_model.get("overlong_buffer")),
+        "experiment_name": _section(config, "trainer").get("experiment_name"),
+        "overlong_buffer_cfg": _plain((reward.get("reward_kwargs") or {}).get("overlong_buffer_cfg")),
     }
     for key, value in optional.items():
         if key not in kwargs and key in declared:
@@ -152,6 +174,16 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int, **reward_
         compute_score=get_custom_reward_fn(config),
         reward_fn_key=data.get("reward_fn_key", "data_source"),
         **kwargs,
+    )
+
+
+def load_reward_fns(config: Any, tokenizer: Any) -> tuple[Any, Any]:
+    """``(reward_fn, val_reward_fn)`` the config names: the managers of :func:`load_reward_manager` with
+    ``reward.reward_kwargs``, the validation one printing one response per batch."""
+    kwargs = dict(_reward(config).get("reward_kwargs") or {})
+    return (
+        load_reward_manager(config, tokenizer, num_examine=0, **kwargs),
+        load_reward_manager(config, tokenizer, num_examine=1, **kwargs),
     )
 
 
@@ -204,8 +236,7 @@ def _compute_reward_async(
     if reward_fn is None:
         if config is None or tokenizer is None:
             raise ValueError("compute_reward_async needs reward_fn, or config and tokenizer to load one")
-        kwargs = dict(_section(config, "reward_model").get("reward_kwargs") or {})
-        reward_fn = load_reward_manager(config, tokenizer, num_examine=0, **kwargs)
+        reward_fn = load_reward_fns(config, tokenizer)[0]
     return compute_reward(data, reward_fn)
 
 

@@ -3,7 +3,8 @@
 - ``trainer.async_rollout_manager`` is an :class:`~verl.experimental.agent_loop.AgentLoopManager` (or the class
   ``rollout.agent.agent_loop_manager_class`` names): the trainer's one generation path — training, ReMax's greedy
   baseline, validation, and recipes' ``actor_rollout_wg.generate_sequences(batch)`` (routed to it by
-  :func:`create_rollout_manager`) all generate through the agent loops.
+  :func:`create_rollout_manager`: one response per row, as veRL's, whose callers repeat the prompts ``rollout.n``
+  times first) all generate through the agent loops.
 - :class:`CheckpointManager` is ``trainer.checkpoint_manager``: ``update_weights()`` pushes the actor's weights
   into the rollout engines as the next weight version (and returns the sync's metrics), ``sleep_replicas()`` frees
   the engines' memory until the next push.
@@ -15,8 +16,6 @@ import importlib
 import logging
 from collections.abc import Callable
 from typing import Any
-
-from verl.utils.metric import reduce_metrics
 
 __all__ = ["CheckpointManager", "create_rollout_manager", "start_rollout_servers"]
 
@@ -33,7 +32,8 @@ def create_rollout_manager(
     step: Callable[[], int],
 ) -> Any:
     """The trainer's ``async_rollout_manager`` over the actor-rollout worker group, and that group's
-    ``generate_sequences`` routed to it (veRL's older call: ``n`` responses per prompt row).
+    ``generate_sequences`` routed to it: one response per input row, as veRL's (callers repeat a prompt batch
+    ``rollout.n`` times first, ``gen_batch.repeat(repeat_times=n, interleave=True)``).
 
     ``rollout.agent.agent_loop_manager_class`` (a dotted path) replaces our manager; a class that is not an
     ``AgentLoopManager`` subclass gets veRL's arguments only (``config, worker_group``).
@@ -55,8 +55,8 @@ def create_rollout_manager(
         )
     else:
         manager = cls(config, worker_group=worker_group)
-    if hasattr(manager, "generate_sequences_per_prompt"):
-        worker_group.generate_sequences = manager.generate_sequences_per_prompt
+    if isinstance(manager, AgentLoopManager):
+        worker_group.generate_sequences = manager.generate_sequences
     return manager
 
 
@@ -147,14 +147,6 @@ class CheckpointManager:
             self.worker_group.sleep()
 
     def _send(self, version: int) -> dict[str, float]:
-        if self.receivers is None:
-            stats = self.worker_group.update_weights(version=version)
-        else:
-            import ray
+        from verl.checkpoint_engine.manager import push_weights  # the push, shared with CheckpointEngineManager
 
-            received = self.receivers.execute_all_async("receive_weights")  # each server stages the push
-            stats = self.worker_group.update_weights(version=version)  # a failure here ends the run
-            versions = ray.get(received)
-            if versions != [version] * len(versions):
-                raise RuntimeError(f"weight push {version}: the rollout servers staged versions {versions}")
-        return reduce_metrics({k: [s[k] for s in stats] for k in stats[0]}) if stats else {}
+        return push_weights(self.worker_group, version, self.receivers)

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from verl.protocol import DataProto
+from verl.trainer.config.layout import trainer_mode
 from verl.trainer.ppo.dynamic_sampling import StepState
 
 if TYPE_CHECKING:
@@ -122,8 +123,8 @@ class RolloutSource(abc.ABC):
         """Restore :meth:`state_dict`; a source that holds nothing refuses a non-empty state."""
         if state:
             raise ValueError(
-                f"the checkpoint holds rollout-source state {sorted(state)} that trainer.mode="
-                f"{self.trainer.config.trainer.mode!r} cannot restore; resume it with the mode that wrote it"
+                f"the checkpoint holds rollout-source state {sorted(state)} that trainer.v1.trainer_mode="
+                f"{trainer_mode(self.trainer.config)!r} cannot restore; resume it with the mode that wrote it"
             )
 
     def close(self) -> None:

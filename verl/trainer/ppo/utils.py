@@ -31,7 +31,20 @@ __all__ = [
     "need_critic",
     "need_reference_policy",
     "need_reward_model",
-]
+    "need_teacher_policy",
+]  # and create_rl_dataset / create_rl_sampler (veRL 0.10's home of them; imported on first use)
+
+_DATASET_EXPORTS = ("create_rl_dataset", "create_rl_sampler")
+
+
+def __getattr__(name: str) -> Any:
+    """``create_rl_dataset`` / ``create_rl_sampler`` of `verl.utils.dataset.rl_dataset` (veRL 0.10 moved them
+    here), imported on first use."""
+    if name in _DATASET_EXPORTS:
+        from verl.utils.dataset import rl_dataset
+
+        return getattr(rl_dataset, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class Role(Enum):
@@ -44,6 +57,7 @@ class Role(Enum):
     RefPolicy = 4
     RewardModel = 5
     ActorRolloutRef = 6
+    TeacherModel = 7
 
     def __str__(self) -> str:
         return {
@@ -54,6 +68,7 @@ class Role(Enum):
             "RefPolicy": "ref",
             "RewardModel": "rm",
             "ActorRolloutRef": "actor_rollout_ref",
+            "TeacherModel": "teacher",
         }[self.name]
 
 
@@ -96,9 +111,21 @@ class ResourcePoolManager:
         return sum(sum(nodes) for nodes in self.resource_pool_spec.values())
 
 
-def need_reward_model(role_worker_mapping: dict[Role, Any]) -> bool:
-    """Whether a reward-model worker runs: its role is in ``role_worker_mapping`` (veRL's call)."""
-    return Role.RewardModel in role_worker_mapping
+def need_reward_model(config_or_mapping: Any) -> bool:
+    """Whether a reward model runs: from a ``role_worker_mapping`` (veRL's older call: ``Role.RewardModel`` is in it)
+    or from a config (veRL 0.10's: ``reward.reward_model.enable``, or the legacy top-level ``reward_model.enable``)."""
+    if isinstance(config_or_mapping, dict) and all(isinstance(k, Role) for k in config_or_mapping):
+        return Role.RewardModel in config_or_mapping
+    for section in ((config_or_mapping.get("reward") or {}).get("reward_model"), config_or_mapping.get("reward_model")):
+        if section is not None and section.get("enable") is not None:
+            return bool(section.get("enable"))
+    return False
+
+
+def need_teacher_policy(config: Any) -> bool:
+    """Whether teacher models run (veRL 0.10's on-policy distillation, ``distillation.enabled``; refused at start-up
+    until it is built)."""
+    return bool((config.get("distillation") or {}).get("enabled", False))
 
 
 def need_reference_policy(config_or_mapping: Any) -> bool:
@@ -137,7 +164,8 @@ def compute_advantage(
 
     The estimator gets only the keywords it declares (all with ``**kwargs``) out of: ``token_level_rewards``,
     ``response_mask``, ``index`` (the ``uid`` of each sample's prompt), ``gamma``, ``lam``,
-    ``norm_adv_by_std_in_grpo``, ``config`` and, when the batch has them, ``values``, ``reward_baselines``,
+    ``norm_adv_by_std_in_grpo``, ``config``, ``non_tensor_batch`` and ``batch`` (the data's two halves: GDPO reads
+    its reward components from the first) and, when the batch has them, ``values``, ``reward_baselines``,
     ``old_log_probs``, ``sum_pi_squared`` and ``rollout_is_weights``. ``response_mask`` is derived from the
     attention mask when the batch lacks it (veRL does the same for trainers that do not compute it).
     """
@@ -151,6 +179,8 @@ def compute_advantage(
         "lam": lam,
         "norm_adv_by_std_in_grpo": norm_adv_by_std_in_grpo,
         "config": config,
+        "non_tensor_batch": data.non_tensor_batch,
+        "batch": b,
     }
     if "uid" in data.non_tensor_batch:
         kwargs["index"] = data.non_tensor_batch["uid"]

@@ -18,13 +18,18 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import re
 import shutil
+import time
 from typing import Any
 
+import numpy as np
 import torch
+import torch.distributed as dist
 
 __all__ = [
+    "BaseCheckpointManager",
     "CHECKPOINT_PREFIX",
     "DATA_FILE",
     "TRAINER_STATE_FILE",
@@ -37,6 +42,7 @@ __all__ = [
     "load_state_file",
     "rotate_checkpoints",
     "save_state_file",
+    "should_save_ckpt_esi",
     "step_of",
 ]
 
@@ -49,6 +55,9 @@ TRAINER_STATE_FILE = "trainer_state.pt"
 TMP_PREFIX = ".tmp_"
 OLD_PREFIX = ".old_"
 _STEP_FOLDER = re.compile(rf"^{CHECKPOINT_PREFIX}(\d+)$")
+# Unix time at which the machines are taken back (veRL's names): Volcano Engine ML platform, AWS SageMaker.
+ESI_EXPIRATION_ENV_MLP = "MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"
+ESI_EXPIRATION_ENV_AWS = "SAGEMAKER_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"
 
 
 def get_checkpoint_tracker_filename(root: str) -> str:
@@ -201,3 +210,188 @@ def check_step_folder(folder: str, roles: list[str]) -> None:
     for part in [*roles, DATA_FILE, TRAINER_STATE_FILE]:
         if not os.path.exists(os.path.join(folder, part)):
             raise FileNotFoundError(f"checkpoint {folder} has no {part} (written by a run with other roles?)")
+
+
+def should_save_ckpt_esi(max_steps_duration: float, save_ckpt_duration: float = 60, redundant_time: float = 0) -> bool:
+    """Whether to save now because the capacity block expires before another step and a save would finish.
+
+    The expiration (Unix seconds) comes from ``MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP`` (checked first) or
+    ``SAGEMAKER_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP``; with neither set, False. With ``budget =
+    save_ckpt_duration + max_steps_duration + redundant_time`` (seconds: a save, the longest step so far, a margin)
+    and ``remaining`` the seconds left: the MLP rule is ``0 < remaining <= budget and max_steps_duration > 0``; the
+    SageMaker rule is ``remaining < budget`` (also once expired), as veRL decides. A value that is not a number gives
+    False with a warning (veRL raises for SageMaker's).
+    """
+    budget = save_ckpt_duration + max_steps_duration + redundant_time
+    for name in (ESI_EXPIRATION_ENV_MLP, ESI_EXPIRATION_ENV_AWS):
+        raw = os.environ.get(name)
+        if not raw:
+            continue
+        try:
+            remaining = float(raw) - time.time()
+        except ValueError:
+            logger.warning("%s=%r is not a Unix timestamp; not saving for capacity expiration", name, raw)
+            return False
+        if name == ESI_EXPIRATION_ENV_MLP:
+            return 0 < remaining <= budget and max_steps_duration > 0
+        return remaining < budget
+    return False
+
+
+_DEFAULT_CONTENTS = ("model", "optimizer", "extra")
+
+
+def _is_lora_key(key: str) -> bool:
+    return "lora_" in key or ".adapter_" in key
+
+
+class BaseCheckpointManager:
+    """veRL's base of the per-role checkpoint managers a recipe builds (``FSDPCheckpointManager``).
+
+    It holds the objects to save, which parts ``checkpoint_config`` asks for (``save_contents`` /
+    ``load_contents``, each defaulting to model, optimizer and extra; ``save_lora_only``), and the rotation of the
+    folders this manager saved: :meth:`ensure_checkpoint_capacity` before a save frees room but always leaves at
+    least one earlier checkpoint, :meth:`register_checkpoint` after it drops what exceeds ``max_ckpt_to_keep``
+    (0 or None: keep all) — so with ``max_ckpt_to_keep=1`` the old checkpoint is only removed once the new one is
+    written. Subclasses implement :meth:`save_checkpoint` and :meth:`load_checkpoint`.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        optimizer: Any = None,
+        lr_scheduler: Any = None,
+        processing_class: Any = None,
+        checkpoint_config: Any = None,
+    ) -> None:
+        self.model, self.optimizer, self.lr_scheduler = model, optimizer, lr_scheduler
+        self.processing_class = processing_class
+        self.checkpoint_config = checkpoint_config
+        load = checkpoint_config.get("load_contents", None) if checkpoint_config else None
+        save = checkpoint_config.get("save_contents", None) if checkpoint_config else None
+        self.checkpoint_load_contents: list[str] = list(load) if load is not None else list(_DEFAULT_CONTENTS)
+        self.checkpoint_save_contents: list[str] = list(save) if save is not None else list(_DEFAULT_CONTENTS)
+        self.previous_global_step: int | None = None
+        self.previous_saved_paths: list[str] = []
+        initialized = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if initialized else 0
+        self.world_size = dist.get_world_size() if initialized else 1
+
+    @property
+    def should_save_model(self) -> bool:
+        """Whether "model" is in ``save_contents``."""
+        return "model" in self.checkpoint_save_contents
+
+    @property
+    def should_save_optimizer(self) -> bool:
+        """Whether "optimizer" is in ``save_contents``."""
+        return "optimizer" in self.checkpoint_save_contents
+
+    @property
+    def should_save_extra(self) -> bool:
+        """Whether "extra" (lr scheduler, random states) is in ``save_contents``."""
+        return "extra" in self.checkpoint_save_contents
+
+    @property
+    def should_save_hf_model(self) -> bool:
+        """Whether "hf_model" (full Hugging Face weights under ``huggingface/``) is in ``save_contents``."""
+        return "hf_model" in self.checkpoint_save_contents
+
+    @property
+    def should_save_lora_only(self) -> bool:
+        """``checkpoint_config.save_lora_only`` (False without a config)."""
+        if not self.checkpoint_config:
+            return False
+        if isinstance(self.checkpoint_config, dict):
+            return bool(self.checkpoint_config.get("save_lora_only", False))
+        return bool(getattr(self.checkpoint_config, "save_lora_only", False))
+
+    @property
+    def should_load_model(self) -> bool:
+        """Whether "model" is in ``load_contents``."""
+        return "model" in self.checkpoint_load_contents
+
+    @property
+    def should_load_optimizer(self) -> bool:
+        """Whether "optimizer" is in ``load_contents``."""
+        return "optimizer" in self.checkpoint_load_contents
+
+    @property
+    def should_load_extra(self) -> bool:
+        """Whether "extra" is in ``load_contents``."""
+        return "extra" in self.checkpoint_load_contents
+
+    @property
+    def should_load_hf_model(self) -> bool:
+        """Whether "hf_model" is in ``load_contents``."""
+        return "hf_model" in self.checkpoint_load_contents
+
+    @staticmethod
+    def is_lora_only_state_dict(state_dict: dict[str, Any] | None) -> bool:
+        """True when every key of a non-empty state dict is a LoRA / adapter weight (``lora_`` or ``.adapter_``)."""
+        return bool(state_dict) and all(_is_lora_key(k) for k in state_dict)
+
+    def save_checkpoint(
+        self, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None
+    ) -> None:
+        """Save this role's state under ``local_path`` (subclasses)."""
+        raise NotImplementedError
+
+    def load_checkpoint(
+        self, local_path: str | None, hdfs_path: str | None = None, del_local_after_load: bool = False
+    ) -> None:
+        """Load what :meth:`save_checkpoint` wrote (subclasses)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def checkpath(local_path: str | None, hdfs_path: str | None) -> tuple[bool, str]:
+        """``(is_local, path)``: the local path when given, else the remote one; ValueError with neither."""
+        if local_path is None and hdfs_path is None:
+            raise ValueError("local_path and hdfs_path cannot be both None")
+        return local_path is not None, local_path if local_path is not None else hdfs_path
+
+    def remove_previous_save_local_path(self, path: str | list[str]) -> None:
+        """Remove one or more checkpoint folders (missing ones are skipped)."""
+        for p in [path] if isinstance(path, str) else path:
+            if os.path.exists(p):
+                logger.info("removing checkpoint %s", os.path.abspath(p))
+                shutil.rmtree(p, ignore_errors=True)
+
+    @staticmethod
+    def _limit(max_ckpt_to_keep: int | None) -> int:
+        return max_ckpt_to_keep if isinstance(max_ckpt_to_keep, int) and max_ckpt_to_keep > 0 else 0
+
+    def ensure_checkpoint_capacity(self, max_ckpt_to_keep: int | None) -> None:
+        """Before a save: keep the newest ``max_ckpt_to_keep - 1`` saved folders (nothing removed for 1 or 0)."""
+        keep = self._limit(max_ckpt_to_keep) - 1
+        if keep >= 1 and len(self.previous_saved_paths) > keep:
+            self.remove_previous_save_local_path(self.previous_saved_paths[:-keep])
+            self.previous_saved_paths = self.previous_saved_paths[-keep:]
+
+    def register_checkpoint(self, new_path: str, max_ckpt_to_keep: int | None) -> None:
+        """After a save: record ``new_path`` and remove the oldest folders beyond ``max_ckpt_to_keep`` (a path
+        saved again counts once, as the newest)."""
+        new_abs = os.path.abspath(new_path)
+        self.previous_saved_paths = [p for p in self.previous_saved_paths if os.path.abspath(p) != new_abs]
+        self.previous_saved_paths.append(new_path)
+        keep = self._limit(max_ckpt_to_keep)
+        if keep and len(self.previous_saved_paths) > keep:
+            self.remove_previous_save_local_path(self.previous_saved_paths[:-keep])
+            self.previous_saved_paths = self.previous_saved_paths[-keep:]
+
+    @staticmethod
+    def get_rng_state() -> dict[str, Any]:
+        """The random states of torch (CPU, and CUDA when available), numpy and ``random``."""
+        state = {"cpu": torch.get_rng_state(), "numpy": np.random.get_state(), "random": random.getstate()}
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state()
+        return state
+
+    @staticmethod
+    def load_rng_state(rng_state: dict[str, Any]) -> None:
+        """Restore what :meth:`get_rng_state` returned."""
+        torch.set_rng_state(rng_state["cpu"])
+        np.random.set_state(rng_state["numpy"])
+        random.setstate(rng_state["random"])
+        if "cuda" in rng_state and torch.cuda.is_available():
+            torch.cuda.set_rng_state(rng_state["cuda"])

@@ -18,8 +18,8 @@ Config keys (``data.*``, veRL's names; defaults in brackets): ``prompt_key`` [pr
 ``filter_overlong_prompts`` [False], ``filter_malformed_rows`` [False; ours, veRL has none], ``truncation`` [error:
 error | left | right | middle], ``return_raw_chat`` [True], ``return_full_prompt`` [False],
 ``apply_chat_template_kwargs`` [{}], ``tool_config_path`` [null: veRL's tool YAML, whose tool schemas the chat
-template then shows, as the tool agent loop does], ``shuffle`` [True] and ``seed`` [null → 1] (which rows
-``max_samples`` keeps).
+template then shows, as the tool agent loop does], ``function_tool_path`` [null: a file of ``@function_tool`` s, shown
+as well], ``shuffle`` [True] and ``seed`` [null → 1] (which rows ``max_samples`` keeps).
 
 Every row is checked and every prompt tokenized when the dataset is built, so a malformed row (a prompt that is not
 a non-empty list of ``{"role": str, "content": str}`` messages; a null ``reward_model``, or one without a non-null
@@ -80,6 +80,7 @@ DATA_DEFAULTS: dict[str, Any] = {
     "return_full_prompt": False,
     "apply_chat_template_kwargs": {},
     "tool_config_path": None,
+    "function_tool_path": None,
     "shuffle": True,
     "seed": None,
 }
@@ -183,7 +184,11 @@ class RLHFDataset(Dataset):
         if not files:
             raise ValueError("RLHFDataset: no data files given (data.train_files / data.val_files)")
         self.data_files = [os.path.expanduser(os.fspath(f)) for f in files]
+        self.original_data_files = list(self.data_files)
         self.tokenizer = tokenizer
+        self.processor = processor
+        self.config = config
+        self.max_samples = -1 if max_samples is None else max_samples
         self.prompt_key = data_config_get(config, "prompt_key")
         self.max_prompt_length = data_config_get(config, "max_prompt_length")
         self.filter_overlong_prompts = bool(data_config_get(config, "filter_overlong_prompts"))
@@ -193,7 +198,9 @@ class RLHFDataset(Dataset):
         self.return_full_prompt = bool(data_config_get(config, "return_full_prompt"))
         self.apply_chat_template_kwargs = dict(data_config_get(config, "apply_chat_template_kwargs"))
         self.tool_config_path = data_config_get(config, "tool_config_path")
-        self.tool_schemas = _tool_schemas(self.tool_config_path) if self.tool_config_path else None
+        self.function_tool_path = data_config_get(config, "function_tool_path")
+        tools = self.tool_config_path or self.function_tool_path
+        self.tool_schemas = _tool_schemas(self.tool_config_path, self.function_tool_path) if tools else None
         if isinstance(self.max_prompt_length, bool) or not isinstance(self.max_prompt_length, int):
             raise ValueError(f"data.max_prompt_length={self.max_prompt_length!r} must be a positive int")
         if self.max_prompt_length <= 0:
@@ -204,11 +211,67 @@ class RLHFDataset(Dataset):
         if self.pad_token_id is None:
             raise ValueError("RLHFDataset: the tokenizer has neither a pad token nor an EOS token to pad prompts with")
 
+        # veRL's hooks, in veRL's order; a subclass may override either (its _read_files_and_tokenize sets
+        # self.dataframe, a datasets.Dataset or a list of rows)
+        self._origins: list[tuple[str, int, int]] | None = None
+        self._download()
+        self._read_files_and_tokenize()
+        self._build_items()
+
+    # -- veRL's hooks -----------------------------------------------------------------------------------------------
+    def _download(self, use_origin_parquet: bool = False) -> None:
+        """Local copies of the data files (``hdfs://`` paths through the fs cache; local paths as they are)."""
+        from verl.utils.fs import copy_to_local
+
+        files = self.original_data_files if use_origin_parquet else self.data_files
+        self.data_files = [copy_to_local(f, use_shm=bool(_get(self.config, "use_shm", False))) for f in files]
+
+    def _read_files_and_tokenize(self) -> None:
+        """Read the files into ``self.dataframe`` (every row checked, ``max_samples`` kept); the prompts are
+        templated, tokenized and length-checked after this hook, whatever it set."""
         rows, origins = self._load_rows()
-        rows, origins = self._select(rows, origins, max_samples, config)
+        rows, self._origins = self._select(rows, origins, self.max_samples, self.config)
+        self.dataframe = rows
+
+    @property
+    def dataframe(self) -> Any:
+        """The rows (veRL's ``datasets.Dataset``; built from the rows on first read, so that a run that never
+        reads it never imports ``datasets``)."""
+        if isinstance(self._dataframe, list):
+            import datasets
+
+            self._dataframe = datasets.Dataset.from_list(self._dataframe)
+        return self._dataframe
+
+    @dataframe.setter
+    def dataframe(self, value: Any) -> None:
+        self._dataframe = value
+
+    def maybe_filter_out_long_prompts(self, dataframe: Any = None) -> Any:
+        """``dataframe`` (default: ``self.dataframe``) without the prompts longer than ``max_prompt_length``
+        tokens once templated, when ``filter_overlong_prompts``; else as it is."""
+        dataframe = self.dataframe if dataframe is None else dataframe
+        if not self.filter_overlong_prompts:
+            return dataframe
+        rows = list(dataframe)
+        origins = [("dataframe", i, i) for i in range(len(rows))]
+        ids = self.tokenizer(self._apply_chat_template(rows, origins), add_special_tokens=False)["input_ids"]
+        keep = [i for i, tokens in enumerate(ids) if len(tokens) <= self.max_prompt_length]
+        if isinstance(dataframe, list):
+            return [rows[i] for i in keep]
+        return dataframe.select(keep)
+
+    def _build_items(self) -> None:
+        """Template, tokenize and length-check the rows the hooks left in ``self.dataframe``."""
+        frame = self._dataframe
+        if isinstance(frame, list) and self._origins is not None and len(self._origins) == len(frame):
+            rows, origins = frame, self._origins
+        else:  # a subclass's rows: checked here as files' rows are
+            rows, origins = self._checked([dict(row) for row in frame], "self.dataframe")
         texts = self._apply_chat_template(rows, origins)
-        ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+        ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
         self.rows, self.texts, self.prompt_ids, self.origins = self._check_lengths(rows, texts, ids, origins)
+        self._dataframe = self.rows
 
     # -- building ---------------------------------------------------------------------------------------------------
     def _load_rows(self) -> tuple[list[dict[str, Any]], list[tuple[str, int, int]]]:
@@ -218,22 +281,35 @@ class RLHFDataset(Dataset):
         ``data.filter_malformed_rows``.
         """
         rows: list[dict[str, Any]] = []
+        sources: list[tuple[str, int]] = []
+        for path in self.data_files:
+            file_rows = _read_parquet(path, self.prompt_key)
+            rows.extend(file_rows)
+            sources.extend((path, row_no) for row_no in range(len(file_rows)))
+        return self._checked(rows, sources)
+
+    def _checked(
+        self, rows: list[dict[str, Any]], sources: list[tuple[str, int]] | str
+    ) -> tuple[list[dict[str, Any]], list[tuple[str, int, int]]]:
+        """The well-formed ``rows`` and their origins; ``sources``: each row's (file, row in the file), or one
+        name for all (rows a subclass built)."""
+        if isinstance(sources, str):
+            sources = [(sources, i) for i in range(len(rows))]
+        kept: list[dict[str, Any]] = []
         origins: list[tuple[str, int, int]] = []
         listed: list[str] = []
         bad_per_file: dict[str, int] = {}
         rows_per_file: dict[str, int] = {}
-        for path in self.data_files:
-            file_rows = _read_parquet(path, self.prompt_key)
-            rows_per_file[path] = len(file_rows)
-            for row_no, row in enumerate(file_rows):
-                problems = _row_problems(row, self.prompt_key)
-                if problems:
-                    bad_per_file[path] = bad_per_file.get(path, 0) + 1
-                    if len(listed) < _MAX_REPORTED:
-                        listed.append(f"{path}: row {row_no}: " + "; ".join(problems))
-                    continue
-                rows.append(row)
-                origins.append((path, row_no, len(origins)))
+        for row, (path, row_no) in zip(rows, sources):
+            rows_per_file[path] = rows_per_file.get(path, 0) + 1
+            problems = _row_problems(row, self.prompt_key)
+            if problems:
+                bad_per_file[path] = bad_per_file.get(path, 0) + 1
+                if len(listed) < _MAX_REPORTED:
+                    listed.append(f"{path}: row {row_no}: " + "; ".join(problems))
+                continue
+            kept.append(row)
+            origins.append((path, row_no, len(origins)))
         total_bad = sum(bad_per_file.values())
         if total_bad and not self.filter_malformed_rows:
             per_file = ", ".join(f"{path}: {n}" for path, n in bad_per_file.items())
@@ -246,12 +322,12 @@ class RLHFDataset(Dataset):
             logger.warning(
                 "%s: dropped %d of %d rows as malformed (data.filter_malformed_rows)", path, n, rows_per_file[path]
             )
-        if total_bad and not rows:
+        if total_bad and not kept:
             raise ValueError(
-                f"data.filter_malformed_rows dropped all {sum(rows_per_file.values())} row(s) of {self.data_files}; "
+                f"data.filter_malformed_rows dropped all {len(rows)} row(s) of {self.data_files}; "
                 "first problems:\n" + "\n".join(listed)
             )
-        return rows, origins
+        return kept, origins
 
     def _select(self, rows: list, origins: list, max_samples: int, config: Any) -> tuple[list, list]:
         """Keep ``max_samples`` rows (all when ≤ 0): a seeded random subset when ``shuffle``, else the first ones."""
@@ -332,13 +408,14 @@ class RLHFDataset(Dataset):
         return row
 
 
-def _tool_schemas(path: str) -> list[dict[str, Any]]:
-    """The OpenAI schemas of the tools in ``path`` (veRL's tool YAML), as the chat template takes them."""
-    from verl.tools.utils.tool_registry import initialize_tools_from_config
+def _tool_schemas(tool_config_path: str | None, function_tool_path: str | None) -> list[dict[str, Any]]:
+    """The OpenAI schemas of the tools of veRL's tool YAML and of a file of ``@function_tool`` s (the tool agent
+    loop's tools), as the chat template takes them."""
+    from verl.tools.tool_registry import load_all_tools
 
     return [
         tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True)
-        for tool in initialize_tools_from_config(path)
+        for tool in load_all_tools(tool_config_path, function_tool_path)
     ]
 
 

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from enum import Enum
 from typing import Any
 
@@ -121,6 +121,29 @@ class MetricList:
             chained.extend(metric_list)
         return chained
 
+    @classmethod
+    def aggregate_dp(cls, metric_lists: Sequence[MetricList]) -> float:
+        """One number from one list per data-parallel rank, each holding that rank's per-micro-batch values.
+
+        SUM / MEAN: the mean over ranks of each micro-batch's value, then the list's aggregation (a partial sum per
+        micro-batch stays a sum of per-rank means); MIN / MAX: over every value. Every rank must hold as many
+        values as the others (ValueError otherwise)."""
+        if not metric_lists:
+            raise ValueError("Cannot aggregate an empty list of metrics.")
+        aggregation = metric_lists[0].aggregation
+        for metric_list in metric_lists[1:]:
+            if metric_list.aggregation != aggregation:
+                raise AggregationTypeMismatchError(aggregation, metric_list.aggregation)
+        lengths = [len(metric_list.values) for metric_list in metric_lists]
+        if len(set(lengths)) != 1:
+            raise ValueError(f"All Metric instances must have the same number of values for dp aggregation: {lengths}")
+        per_rank = np.asarray([metric_list.values for metric_list in metric_lists], dtype=np.float64)
+        if aggregation in (AggregationType.SUM, AggregationType.MEAN):
+            values = per_rank.mean(axis=0)
+        else:
+            values = per_rank.ravel()
+        return float(_REDUCERS[aggregation](values))
+
     def __len__(self) -> int:
         return len(self.values)
 
@@ -160,7 +183,9 @@ class Metric(MetricList):
 
 def reduce_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     """Lists of per-worker / per-mini-batch values → one number each: a `MetricList` by its own aggregation, else
-    max for keys containing "max", min for "min", the mean otherwise. Keys with no values are dropped.
+    max for keys containing "max", min for "min", the mean otherwise; a list of `Metric` / `MetricValue` objects
+    (one per micro-batch) by their shared aggregation. Keys with no values are dropped (veRL keeps them as NaN:
+    an empty list means nothing was measured, which a NaN in a tracker would read as a numeric failure).
 
     As in veRL, a ``dict`` is reduced in place and returned; any other mapping gives a new dict.
     """
@@ -181,6 +206,8 @@ def _reduce_one(key: str, values: Any) -> float | None:
         return values.aggregate() if values.values else None
     if isinstance(values, MetricValue):
         values = values.value
+    if isinstance(values, list | tuple) and values and isinstance(values[0], MetricList | MetricValue):
+        return _reduce_typed(values)
     items = values if isinstance(values, list | tuple | np.ndarray) else [values]
     try:
         array = np.asarray(items, dtype=np.float64)
@@ -193,3 +220,18 @@ def _reduce_one(key: str, values: Any) -> float | None:
     if "min" in key:
         return float(np.min(array))
     return float(np.mean(array))
+
+
+def _reduce_typed(values: list[Any] | tuple[Any, ...]) -> float | None:
+    """A list of `MetricList` / `MetricValue` (e.g. one per micro-batch, gathered by ``append_to_dict``) as one
+    list of their aggregation; mixing aggregations (or plain numbers) raises."""
+    first = values[0]
+    merged = MetricList(aggregation=first.aggregation)
+    for value in values:
+        if not isinstance(value, MetricList | MetricValue):
+            raise TypeError(f"cannot mix {type(value).__name__} with {type(first).__name__} values of one metric")
+        if isinstance(value, MetricList):
+            merged.extend(value)
+        else:
+            merged.append(value)
+    return merged.aggregate() if merged.values else None

@@ -9,8 +9,11 @@
 | ``math_dapo``, ``math``, ``math_dapo_reasoning``, any name starting with    | :mod:`.math_dapo` (DAPO's        |
 | ``aime`` (veRL's routing)                                                   | ``Answer:`` line, ±1)            |
 | ``verl/arithmetic`` (the built-in demo task)                                | :mod:`.arithmetic`               |
+| ``codecontests``, ``apps``, ``codeforces``, ``taco`` (code with test cases) | :mod:`.prime_code` (share of the |
+|                                                                             | cases passed; local sandbox, or  |
+|                                                                             | ``sandbox_fusion_url``)          |
 
-Any other data source raises ``NotImplementedError``: score it with ``custom_reward_function.path``.
+Any other data source raises ``NotImplementedError``: score it with ``reward.custom_reward_function.path``.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 from verl.utils.reward_score import arithmetic, gsm8k, math_dapo, math_reward
 
 __all__ = [
+    "CODE_DATA_SOURCES",
     "DAPO_DATA_SOURCES",
     "DAPO_DATA_SOURCE_PREFIX",
     "GSM8K_DATA_SOURCES",
@@ -34,6 +38,7 @@ __all__ = [
 GSM8K_DATA_SOURCES = ("openai/gsm8k", "gsm8k")
 MATH_DATA_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
 DAPO_DATA_SOURCES = ("math_dapo", "math", "math_dapo_reasoning")
+CODE_DATA_SOURCES = ("codecontests", "apps", "codeforces", "taco")
 DAPO_DATA_SOURCE_PREFIX = "aime"  # AIME 2024/2025 evaluation sets, named aime24, aime_2025, ...
 
 
@@ -61,8 +66,8 @@ def default_compute_score(
     """Score ``solution_str`` against ``ground_truth`` with the rule for ``data_source`` (table in the module doc).
 
     Returns a float, or a dict with a ``"score"`` key and extra values (logged per sample). ``sandbox_fusion_url``,
-    ``concurrent_semaphore`` and ``memory_limit_mb`` are accepted for veRL compatibility (code sandboxes); no
-    built-in scorer uses them.
+    ``concurrent_semaphore`` and ``memory_limit_mb`` say where code runs for the code data sources (the local
+    sandbox when the URL is empty); the other scorers do not use them.
     """
     if data_source in GSM8K_DATA_SOURCES:
         result: float | dict[str, Any] = gsm8k.compute_score(solution_str, ground_truth)
@@ -77,11 +82,22 @@ def default_compute_score(
         result = math_dapo.compute_score(solution_str, ground_truth)
     elif data_source == arithmetic.DATA_SOURCE:
         result = arithmetic.compute_score(solution_str, ground_truth, extra_info)
+    elif data_source in CODE_DATA_SOURCES:
+        from verl.utils.reward_score import prime_code
+
+        run_options = {"sandbox_fusion_url": sandbox_fusion_url, "concurrent_semaphore": concurrent_semaphore}
+        if memory_limit_mb is not None:
+            run_options["memory_limit_mb"] = memory_limit_mb
+        success, _ = prime_code.compute_score(solution_str, ground_truth, continuous=True, **run_options)
+        result = float(success)
     else:
-        known = [*GSM8K_DATA_SOURCES, *MATH_DATA_SOURCES, *DAPO_DATA_SOURCES, "aime*", arithmetic.DATA_SOURCE]
+        known = [
+            *GSM8K_DATA_SOURCES, *MATH_DATA_SOURCES, *DAPO_DATA_SOURCES, "aime*", arithmetic.DATA_SOURCE,
+            *CODE_DATA_SOURCES,
+        ]  # fmt: skip
         raise NotImplementedError(
             f"default_compute_score has no rule for data_source={data_source!r} (known: {known}); "
-            "set custom_reward_function.path (and .name) to a file defining "
+            "set reward.custom_reward_function.path (and .name) to a file defining "
             "compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs)"
         )
     return result if isinstance(result, dict) else float(result)

@@ -21,8 +21,8 @@ __all__ = ["FileFunction", "load_function_from_file", "load_object_from_file"]
 def load_object_from_file(
     path: str | os.PathLike,
     name: str,
-    path_key: str = "custom_reward_function.path",
-    name_key: str = "custom_reward_function.name",
+    path_key: str = "reward.custom_reward_function.path",
+    name_key: str = "reward.custom_reward_function.name",
 ) -> Any:
     """Import the file at ``path`` (once per process) and return its attribute ``name``.
 
@@ -53,7 +53,9 @@ def load_function_from_file(path: str | os.PathLike, name: str) -> Callable[...,
     """``custom_reward_function.name`` from the file ``custom_reward_function.path``; it must be callable."""
     fn = load_object_from_file(path, name)
     if not callable(fn):
-        raise TypeError(f"custom_reward_function.name={name!r} in {path} is a {type(fn).__name__}, not a function")
+        raise TypeError(
+            f"reward.custom_reward_function.name={name!r} in {path} is a {type(fn).__name__}, not a function"
+        )
     return fn
 
 

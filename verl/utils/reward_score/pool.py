@@ -211,9 +211,9 @@ class RewardScorePool:
 
     def __init__(self, fn: Callable[..., Any], num_workers: int = 1, timeout_s: float | None = 30.0):
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-            raise ValueError(f"reward_model.num_workers={num_workers!r} must be an integer >= 0 (0: score in threads)")
+            raise ValueError(f"reward.num_workers={num_workers!r} must be an integer >= 0 (0: score in threads)")
         if timeout_s is not None and not isinstance(timeout_s, (int, float)):
-            raise ValueError(f"reward_model.timeout_s={timeout_s!r} must be a number of seconds or null")
+            raise ValueError(f"reward.timeout_s={timeout_s!r} must be a number of seconds or null")
         self.fn = fn
         self.num_workers = num_workers
         self.timeout_s = float(timeout_s) if timeout_s is not None and timeout_s > 0 else None
@@ -224,7 +224,7 @@ class RewardScorePool:
             except Exception as e:
                 logger.warning(
                     "reward function %r cannot be sent to a scoring process (%s: %s); scoring in threads of this "
-                    "process instead (define it at module level, or use custom_reward_function.path)",
+                    "process instead (define it at module level, or use reward.custom_reward_function.path)",
                     fn,
                     type(e).__name__,
                     e,

@@ -24,15 +24,17 @@ import torch.distributed as dist
 from verl.algorithms.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from verl.base_config import omega_conf_to_dataclass
 from verl.protocol import DataProto
+from verl.utils.fsdp_utils import engine_of
 from verl.utils.padding import forward_without_padding, pad_input, takes_logits_to_keep
 from verl.utils.py_functional import call_with_accepted_kwargs
 from verl.utils.seqlen_balancing import rearrange_micro_batches, restore_order
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+from verl.utils.ulysses import check_sp_size
 from verl.workers.actor.zero_adv import ZeroAdvantageSkip, zero_adv_skip_reason
 from verl.workers.config.actor import ActorConfig, RefConfig
 from verl.workers.engine.base import TrainingEngine, as_engine
 
-__all__ = ["DataParallelPPOActor", "global_counts", "split_micro_batches"]
+__all__ = ["DataParallelPPOActor", "ForwardOutputs", "global_counts", "resolve_actor_config", "split_micro_batches"]
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +85,58 @@ def split_micro_batches(
     return data.split(int(micro_batch_size)), None
 
 
+def resolve_actor_config(config: Any) -> ActorConfig | RefConfig:
+    """The typed config of an actor built from ``config``: an ``ActorConfig`` / ``RefConfig`` as it is; a mapping
+    with a ``_target_`` (a recipe's ``ActorConfig`` subclass, e.g. SPPO's with ``sppo_eta``) as that class; any
+    other mapping as an ``ActorConfig``, or as a ``RefConfig`` when its keys are a ref policy's (veRL's recipes
+    pass ``config.ref`` to the same actor class). ``use_fused_kernels`` (which recipes set on ``config.ref``) must
+    be false: fused kernels are not implemented."""
+    if isinstance(config, ActorConfig | RefConfig):
+        return config
+    values = dict(config.items())
+    if values.get("use_fused_kernels"):
+        raise NotImplementedError("use_fused_kernels=true: fused log-prob kernels are not implemented")
+    if values.get("_target_"):
+        target = str(values["_target_"])
+        if target.startswith("verl."):  # a recipe's own keys beside verl's class (SPIN's dpo_beta) are its code's
+            from verl.base_config import _locate
+            from verl.workers.config.builders import known_keys
+
+            config = known_keys(config, _locate(target), "actor")
+        return omega_conf_to_dataclass(config)
+    ref_keys = {f.name for f in dataclasses.fields(RefConfig)}
+    actor_keys = {f.name for f in dataclasses.fields(ActorConfig)}
+    keys = set(values) - {"use_fused_kernels"}
+    if keys <= ref_keys and not keys <= actor_keys:
+        return omega_conf_to_dataclass({k: values[k] for k in keys}, RefConfig)
+    return omega_conf_to_dataclass(config, ActorConfig)
+
+
+class ForwardOutputs(tuple):
+    """What ``_forward_micro_batch`` returns: the tuple ``(entropy, log_probs)`` that veRL-recipe's actors unpack
+    (``entropy`` None unless asked for), also readable by key like veRL's later dict (``["log_probs"]``,
+    ``["entropys"]``, ``["sum_pi_squared"]``, ``.get``, ``.keys``, ``in``)."""
+
+    outputs: dict[str, torch.Tensor]
+
+    def __new__(cls, outputs: dict[str, torch.Tensor]) -> ForwardOutputs:
+        self = super().__new__(cls, (outputs.get("entropys"), outputs["log_probs"]))
+        self.outputs = outputs
+        return self
+
+    def __getitem__(self, key: Any) -> Any:
+        return self.outputs[key] if isinstance(key, str) else super().__getitem__(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.outputs if isinstance(key, str) else super().__contains__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.outputs.get(key, default)
+
+    def keys(self) -> Any:
+        return self.outputs.keys()
+
+
 class DataParallelPPOActor:
     """The PPO actor on one data-parallel rank.
 
@@ -94,7 +148,12 @@ class DataParallelPPOActor:
             :class:`~verl.workers.engine.base.ModuleEngine`. Give ``engine`` instead to step through a training
             engine (the worker passes its ``FSDPEngine``).
         engine: the training engine whose ``module`` is forwarded and whose ``clip_grad_norm_and_step`` and
-            ``eval_mode`` the actor uses.
+            ``eval_mode`` the actor uses. A module built by the worker's ``_build_model_optimizer`` carries its
+            engine, which is used when the optimizer given is that engine's.
+
+    For veRL recipes that override ``update_policy`` the actor also has ``_forward_micro_batch`` (veRL's call and
+    return), ``_optimizer_step``, ``gradient_accumulation`` and ``ulysses_sequence_parallel_size`` (1; more is
+    refused by name).
     """
 
     def __init__(
@@ -105,13 +164,17 @@ class DataParallelPPOActor:
         *,
         engine: TrainingEngine | None = None,
     ):
-        self.config: ActorConfig | RefConfig = (
-            config if isinstance(config, ActorConfig | RefConfig) else omega_conf_to_dataclass(config, ActorConfig)
-        )
+        self.config: ActorConfig | RefConfig = resolve_actor_config(config)
+        owner = engine_of(actor_module)
+        if engine is None and owner is not None and owner.optimizer is actor_optimizer:
+            engine = owner
         self.engine = engine = as_engine(engine, actor_module, actor_optimizer, "DataParallelPPOActor")
         self.actor_module = engine.module
         self.actor_optimizer = engine.optimizer
         self.use_remove_padding = bool(self.config.use_remove_padding)
+        self.ulysses_sequence_parallel_size = int(self.config.ulysses_sequence_parallel_size)
+        check_sp_size(self.ulysses_sequence_parallel_size)
+        self.gradient_accumulation = 1  # veRL's attribute, set by recipes' update_policy
         # the LM head on the positions that read response tokens only (the prompt's logits are never used)
         self._response_logits_only = takes_logits_to_keep(self.actor_module)
         # filled by an on-policy update_policy: the old log-probs and entropys its forward computed
@@ -123,8 +186,22 @@ class DataParallelPPOActor:
 
     # ------------------------------------------------------------------ forward
     def _forward_micro_batch(
+        self, micro_batch: Any, temperature: float, calculate_entropy: bool = False
+    ) -> ForwardOutputs:
+        """veRL's forward of one micro-batch (a ``DataProto``, a ``TensorDict`` or a dict of tensors with
+        ``responses``, ``input_ids``, ``attention_mask``, ``position_ids``): ``(entropy, log_probs)``, each (bs,
+        response_length), ``entropy`` None unless ``calculate_entropy``; also readable by key (`ForwardOutputs`).
+        With autograd on, both carry the graph."""
+        return ForwardOutputs(self._forward_outputs(micro_batch, temperature, calculate_entropy))
+
+    def _optimizer_step(self) -> torch.Tensor:
+        """veRL's step: clip the gradients to ``config.grad_clip``, step the optimizer unless the norm is NaN or
+        infinite (then the gradients are dropped, a warning logged); returns the norm before clipping, a tensor."""
+        return torch.tensor(self.engine.clip_grad_norm_and_step(self.config.grad_clip))
+
+    def _forward_outputs(
         self,
-        micro_batch: DataProto,
+        micro_batch: Any,
         temperature: float,
         calculate_entropy: bool,
         calculate_sum_pi_squared: bool = False,
@@ -137,7 +214,7 @@ class DataParallelPPOActor:
         With ``use_remove_padding`` the model sees no pad tokens (see `verl.utils.padding`); outputs at padding
         (where the token that predicts a response token is itself padding) are 0.
         """
-        batch = micro_batch.batch
+        batch = micro_batch.batch if isinstance(micro_batch, DataProto) else micro_batch
         responses = batch["responses"]
         bs, response_length = responses.shape
         if self.use_remove_padding:
@@ -204,7 +281,7 @@ class DataParallelPPOActor:
         parts: dict[str, list[torch.Tensor]] = defaultdict(list)
         with self.engine.eval_mode():  # eval, no grad; FSDP2 frees the gathered parameters after
             for micro in micro_batches:
-                for key, value in self._forward_micro_batch(
+                for key, value in self._forward_outputs(
                     micro, temperature, calculate_entropy, calculate_sum_pi_squared
                 ).items():
                     parts[key].append(value)
@@ -233,11 +310,6 @@ class DataParallelPPOActor:
         temperature = float(data.meta_info.get("temperature", 1.0))
         mini_size = cfg.ppo_mini_batch_size_per_rank
         micro_size = cfg.ppo_micro_batch_size_per_gpu or mini_size
-        if len(data) % mini_size:
-            raise ValueError(
-                f"this rank holds {len(data)} samples, not a multiple of its mini-batch of {mini_size} "
-                "(actor.ppo_mini_batch_size × rollout.n ÷ data-parallel size)"
-            )
         if on_policy and (cfg.ppo_epochs != 1 or mini_size != len(data)):
             raise ValueError(
                 "old_log_prob_in_update needs one PPO epoch and one mini-batch (the update's first forward is then "
@@ -329,16 +401,16 @@ class DataParallelPPOActor:
         skipped the gradient pass (zero advantage: forwarded without gradients, see `verl.workers.actor.zero_adv`)."""
         want_entropy = calculate_entropy or on_policy
         if self.zero_adv_skip_reason is not None:
-            return self._forward_micro_batch(micro, temperature, want_entropy, entropy_grad=calculate_entropy), True, 0
+            return self._forward_outputs(micro, temperature, want_entropy, entropy_grad=calculate_entropy), True, 0
         plan = ZeroAdvantageSkip(micro.batch["advantages"], micro.batch["response_mask"], must_backward)
         skipped: dict[str, torch.Tensor] = {}
         if plan.no_grad_rows is not None:
             with torch.no_grad():
-                out = self._forward_micro_batch(micro.select_idxs(plan.no_grad_rows), temperature, want_entropy)
+                out = self._forward_outputs(micro.select_idxs(plan.no_grad_rows), temperature, want_entropy)
             skipped = out if plan.skipped else {}
         if not plan.grad_pass:
             return skipped, False, plan.skipped
-        kept = self._forward_micro_batch(
+        kept = self._forward_outputs(
             micro.select_idxs(plan.keep_idx), temperature, want_entropy, entropy_grad=calculate_entropy
         )
         return plan.assemble(kept, skipped), True, plan.skipped

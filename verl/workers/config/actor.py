@@ -50,12 +50,14 @@ class PolicyLossConfig(BaseConfig):
 
     Args:
         loss_mode: name in the policy-loss registry: "vanilla", "gspo", "sapo", "gpg", "cispo", "clip_cov", "kl_cov",
-            "geo_mean", "bypass_mode", or one a recipe registered with ``register_policy_loss``.
+            "geo_mean", "dppo_tv", "dppo_kl", "dro", "bypass_mode", or one a recipe registered with
+            ``register_policy_loss``.
         clip_cov_ratio: fraction of tokens Clip-Cov detaches (Cui et al. 2025, arXiv:2505.22617).
         clip_cov_lb: lower bound of the covariance window Clip-Cov samples from.
         clip_cov_ub: upper bound of that window.
         kl_cov_ratio: fraction of tokens (largest covariance) KL-Cov penalises.
         ppo_kl_coef: KL-Cov's coefficient on |log π − log π_old|.
+        dro_beta: the ``dro`` loss's β (required > 0 with ``loss_mode=dro``).
         rollout_correction: the rollout-correction settings the "bypass_mode" loss reads (a copy of
             ``algorithm.rollout_correction``, see ``rollout_corr_helper.bypass_policy_loss_config``); None otherwise.
     """
@@ -66,6 +68,7 @@ class PolicyLossConfig(BaseConfig):
     clip_cov_ub: float = 5.0
     kl_cov_ratio: float = 0.0002
     ppo_kl_coef: float = 0.1
+    dro_beta: float | None = None
     rollout_correction: RolloutCorrectionConfig | None = None
 
     def __post_init__(self) -> None:
@@ -83,6 +86,8 @@ class PolicyLossConfig(BaseConfig):
                 f"{prefix}.clip_cov_lb={self.clip_cov_lb} must be below {prefix}.clip_cov_ub={self.clip_cov_ub}"
             )
         _check_number(f"{prefix}.ppo_kl_coef", self.ppo_kl_coef, 0.0)
+        if self.loss_mode == "dro" and not (_is_number(self.dro_beta) and self.dro_beta > 0):
+            raise ValueError(f"{prefix}.dro_beta={self.dro_beta!r} must be a number > 0 with loss_mode=dro")
         if self.rollout_correction is not None and not isinstance(self.rollout_correction, RolloutCorrectionConfig):
             raise ValueError(
                 f"{prefix}.rollout_correction must be a RolloutCorrectionConfig or None, got "
@@ -106,7 +111,8 @@ class ActorConfig(BaseConfig):
         clip_ratio_c: dual-clip bound c > 1 for negative advantages (Ye et al. 2020, arXiv:1912.09729).
         policy_loss: which loss, and its own knobs.
         loss_agg_mode: how the per-token loss is reduced to one number, one of ``LOSS_AGG_MODES``: "token-mean",
-            "seq-mean-token-sum", "seq-mean-token-mean" or "seq-mean-token-sum-norm".
+            "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm" (veRL 0.10's meaning),
+            "seq-mean-token-sum-norm-legacy" (the earlier meaning) or "token-sum".
         loss_scale_factor: divisor of "seq-mean-token-sum-norm" (None: the padded response length); set a constant
             to keep the scale fixed during training.
         entropy_coeff: weight of the entropy bonus (loss −= entropy_coeff · entropy).

@@ -30,7 +30,7 @@ class CriticModelConfig(BaseConfig):
         enable_activation_offload: offload activations to host memory during training.
         use_remove_padding: forward packed sequences without pad tokens.
         use_shm: copy the model to shared memory before loading it.
-        fsdp_config: how the value model is sharded, cast and offloaded.
+        fsdp_config: how the value model is sharded, cast and offloaded: veRL's older place of ``critic.fsdp``.
         lora_rank: LoRA rank of the value model; 0 disables LoRA. With LoRA the adapters and the value head train.
         lora_alpha: LoRA scaling factor α.
         target_modules: modules LoRA adapts ("all-linear" or a list of names; the value head is trained in full).
@@ -43,7 +43,7 @@ class CriticModelConfig(BaseConfig):
     trust_remote_code: bool = False
     enable_gradient_checkpointing: bool = True
     enable_activation_offload: bool = False
-    use_remove_padding: bool = False
+    use_remove_padding: bool = True
     use_shm: bool = False
     fsdp_config: FSDPEngineConfig = field(default_factory=FSDPEngineConfig)
     lora_rank: int = 0
@@ -70,6 +70,9 @@ class CriticConfig(BaseConfig):
         strategy: training engine: "fsdp" or "fsdp2" (both select the FSDP2 engine).
         optim: the optimizer and its learning-rate schedule.
         model: the value model.
+        fsdp: how the value model is sharded, cast and offloaded (veRL 0.10's place; the older
+            ``model.fsdp_config`` is read when this one is left at its defaults, and both set differently is an
+            error): :attr:`fsdp_engine`.
         ppo_mini_batch_size: prompts per critic optimizer step, over all ranks.
         ppo_micro_batch_size: deprecated global micro-batch size.
         ppo_micro_batch_size_per_gpu: samples per forward/backward pass on each rank; required when the critic runs,
@@ -101,6 +104,7 @@ class CriticConfig(BaseConfig):
     strategy: str = "fsdp"
     optim: FSDPOptimizerConfig = field(default_factory=_critic_optim)
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
+    fsdp: FSDPEngineConfig = field(default_factory=FSDPEngineConfig)
     ppo_mini_batch_size: int = 256
     ppo_micro_batch_size: int | None = None
     ppo_micro_batch_size_per_gpu: int | None = None
@@ -122,6 +126,12 @@ class CriticConfig(BaseConfig):
     data_parallel_size: int = 1
     ppo_mini_batch_size_per_rank: int = field(init=False, default=0)
 
+    @property
+    def fsdp_engine(self) -> FSDPEngineConfig:
+        """The value model's FSDP settings: ``fsdp``, or the older ``model.fsdp_config`` when ``fsdp`` is left at
+        its defaults."""
+        return self.fsdp if self.fsdp != FSDPEngineConfig() else self.model.fsdp_config
+
     def __post_init__(self) -> None:
         if self.strategy not in self._strategies:
             raise ValueError(f"critic.strategy={self.strategy!r}; {self._strategy_hint}")
@@ -132,6 +142,11 @@ class CriticConfig(BaseConfig):
                 )
         if not self.cliprange_value > 0:
             raise ValueError(f"critic.cliprange_value={self.cliprange_value!r} must be > 0")
+        default, older = FSDPEngineConfig(), self.model.fsdp_config
+        if self.fsdp != default and older != default and self.fsdp != older:
+            raise ValueError(
+                "critic.fsdp and critic.model.fsdp_config (its older name) are set differently; set only critic.fsdp"
+            )
         self.ppo_mini_batch_size_per_rank = per_rank_mini_batch_size(
             "critic",
             self.ppo_mini_batch_size,

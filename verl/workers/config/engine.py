@@ -10,6 +10,7 @@ parse and validate here; this verl has no Megatron engine to run it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -148,7 +149,7 @@ def _class_names(value: Any) -> set[str]:
 
 
 def _wrap_policy_problems(p: str, policy: Any) -> list[str]:
-    if not isinstance(policy, dict):
+    if not isinstance(policy, Mapping):
         return [f"{p}.wrap_policy={policy!r} must be a mapping with keys from {list(WRAP_POLICY_KEYS)}"]
     problems = []
     unknown = sorted(str(k) for k in policy if k not in WRAP_POLICY_KEYS)
@@ -177,7 +178,7 @@ def _wrap_policy_problems(p: str, policy: Any) -> list[str]:
 def _mixed_precision_problems(p: str, mp: Any) -> list[str]:
     if mp is None:
         return []
-    if not isinstance(mp, dict):
+    if not isinstance(mp, Mapping):
         return [f"{p}.mixed_precision={mp!r} must be a mapping with keys from {list(MIXED_PRECISION_KEYS)} or null"]
     problems = []
     unknown = sorted(str(k) for k in mp if k not in MIXED_PRECISION_KEYS)

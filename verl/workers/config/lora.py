@@ -34,6 +34,10 @@ class LoraSpec:
         def get(name: str, default: Any = None) -> Any:
             return model.get(name, default) if isinstance(model, Mapping) else getattr(model, name, default)
 
+        for name in ("target_modules", "exclude_modules"):  # checked even without LoRA: a wrong type is a typo
+            value = get(name)
+            if not (value is None or isinstance(value, str) or all(isinstance(v, str) for v in value)):
+                raise TypeError(f"{key}.{name}={value!r} must be a module name pattern or a list of module names")
         rank = get("lora_rank", 0) or 0
         if not isinstance(rank, int) or rank < 0:
             raise ValueError(f"{key}.lora_rank={rank!r} must be an integer >= 0")

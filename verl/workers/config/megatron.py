@@ -37,6 +37,15 @@ class McoreOptimizerConfig(FSDPOptimizerConfig):
         lr_wsd_decay_style: decay shape of the WSD schedule's last phase.
         lr_wsd_decay_steps: length of that phase.
         use_checkpoint_opt_param_scheduler: take the scheduler's settings from the checkpoint when resuming.
+        use_layer_wise_distributed_optimizer: wrap a Muon optimizer in Megatron's layer-wise distributed one.
+        muon_momentum / muon_nesterov: momentum of Muon's inner SGD, and whether it is Nesterov's.
+        muon_split_qkv: orthogonalize the Q, K and V blocks of a fused QKV weight separately.
+        muon_scale_mode / muon_extra_scale_factor: how Muon scales its update ("spectral", ...), and a factor on top.
+        muon_coefficient_type / muon_num_ns_steps: the Newton-Schulz iteration's coefficients and step count.
+        muon_tp_mode: how a tensor-parallel weight is orthogonalized ("blockwise", "allgather", ...).
+        muon_fp32_matmul_prec: precision of Muon's fp32 matmuls ("medium", "high", "highest").
+        muon_scalar_optimizer: optimizer for the non-matrix parameters under Muon.
+        (The Muon keys carry Megatron-Core's defaults; as the rest of this config, nothing here reads them.)
     """
 
     optimizer: str = "adam"
@@ -48,6 +57,17 @@ class McoreOptimizerConfig(FSDPOptimizerConfig):
     lr_wsd_decay_style: str = "exponential"
     lr_wsd_decay_steps: int | None = None
     use_checkpoint_opt_param_scheduler: bool = False
+    use_layer_wise_distributed_optimizer: bool = False
+    muon_momentum: float = 0.95
+    muon_nesterov: bool = False
+    muon_split_qkv: bool = True
+    muon_scale_mode: str = "spectral"
+    muon_coefficient_type: str = "quintic"
+    muon_num_ns_steps: int = 5
+    muon_tp_mode: str = "blockwise"
+    muon_fp32_matmul_prec: str = "medium"
+    muon_extra_scale_factor: float = 1.0
+    muon_scalar_optimizer: str = "adam"
 
     def __post_init__(self) -> None:
         super().__post_init__()

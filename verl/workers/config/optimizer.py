@@ -173,9 +173,14 @@ OptimConfig = FSDPOptimizerConfig
 
 def __getattr__(name: str) -> Any:
     """``build_optimizer(parameters, config)``, veRL's name here; it is `verl.workers.engine.optim`'s (imported on
-    first use: the configs do not import torch)."""
+    first use: the configs do not import torch). ``McoreOptimizerConfig`` is `verl.workers.config.megatron`'s
+    (imported on first use: that module imports this one)."""
     if name == "build_optimizer":
         from verl.workers.engine.optim import build_optimizer
 
         return build_optimizer
+    if name == "McoreOptimizerConfig":  # veRL's home for it; defined beside the other Megatron configs
+        from verl.workers.config.megatron import McoreOptimizerConfig
+
+        return McoreOptimizerConfig
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -108,6 +108,7 @@ class MultiTurnConfig(BaseConfig):
             ``agent.default_agent_loop`` names another loop than ``single_turn_agent``).
         max_assistant_turns: stop after this many assistant turns (None: no limit).
         tool_config_path: veRL's tool YAML (``verl.tools.utils.tool_registry``), loaded at start-up.
+        function_tool_path: a Python file whose ``@function_tool`` functions are tools too (veRL 0.10).
         max_user_turns: stop after this many user turns (None: no limit).
         max_parallel_calls: tool calls executed per assistant turn (later calls of the turn are dropped, counted).
         max_tool_response_length: tool responses longer than this many characters are cut (veRL's rule).
@@ -122,6 +123,7 @@ class MultiTurnConfig(BaseConfig):
     enable: bool = False
     max_assistant_turns: int | None = None
     tool_config_path: str | None = None
+    function_tool_path: str | None = None
     max_user_turns: int | None = None
     max_parallel_calls: int = 1
     max_tool_response_length: int = 256
@@ -290,6 +292,9 @@ class RolloutConfig(BaseConfig):
         disable_log_stats: silence vLLM's periodic statistics.
         multi_stage_wake_up: SGLang: wake weights and KV cache in separate stages.
         over_sample_rate: fraction of extra requests the agent loop may abort once enough are done.
+        nnodes: nodes of standalone rollout servers (veRL 0.10's ``trainer.v1.trainer_mode=separate_async`` pool;
+            0: not given, the older top-level ``rollout.nnodes`` applies).
+        n_gpus_per_node: devices per node of that pool.
         skip_rollout: reuse rollouts dumped in ``skip_dump_dir`` instead of generating (debugging).
         skip_dump_dir: where skipped rollouts are dumped / read.
         skip_tokenizer_init: do not build a tokenizer in the engine (token ids in and out).
@@ -336,7 +341,7 @@ class RolloutConfig(BaseConfig):
     load_format: str = "dummy"
     logprobs_mode: str | None = "processed_logprobs"
     scheduling_policy: str | None = "fcfs"
-    calculate_log_probs: bool = False
+    calculate_log_probs: bool = True
     log_prob_micro_batch_size: int | None = None
     log_prob_micro_batch_size_per_gpu: int | None = None
     log_prob_use_dynamic_bsz: bool = False
@@ -344,6 +349,8 @@ class RolloutConfig(BaseConfig):
     disable_log_stats: bool = True
     multi_stage_wake_up: bool = False
     over_sample_rate: float = 0.0
+    nnodes: int = 0
+    n_gpus_per_node: int = 8
     skip_rollout: bool = False
     skip_dump_dir: str = "/tmp/rollout_dump"
     skip_tokenizer_init: bool = True
@@ -390,6 +397,8 @@ class RolloutConfig(BaseConfig):
         if self.dtype not in ROLLOUT_DTYPES:
             raise ValueError(f"{prefix}dtype={self.dtype!r}; use one of {list(ROLLOUT_DTYPES)}")
         _check_int(f"{prefix}seed", self.seed)
+        _check_int(f"{prefix}nnodes", self.nnodes, 0)
+        _check_int(f"{prefix}n_gpus_per_node", self.n_gpus_per_node, 1)
         if not _is_number(self.gpu_memory_utilization) or not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"{prefix}gpu_memory_utilization={self.gpu_memory_utilization!r} must be in (0, 1]")
         for name in (

@@ -110,11 +110,6 @@ class DataParallelPPOCritic:
         data = data.select(batch_keys=keys)
         mini_size = cfg.ppo_mini_batch_size_per_rank
         micro_size = cfg.ppo_micro_batch_size_per_gpu or mini_size
-        if len(data) % mini_size:
-            raise ValueError(
-                f"this rank holds {len(data)} samples, not a multiple of its mini-batch of {mini_size} "
-                "(critic.ppo_mini_batch_size × rollout.n ÷ data-parallel size)"
-            )
         metrics: dict[str, list[float]] = defaultdict(list)
         self.critic_module.train()
         for mini_batch, batch_info, local_tokens in iter_mini_batches(data, cfg, mini_size):

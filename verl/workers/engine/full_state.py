@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor, Shard
 
+from verl.utils.dtensor import is_dtensor
 from verl.workers.engine.sharding import to_mesh_device
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 __all__ = ["WRAPPER_PREFIXES", "hf_name", "iter_full_tensors"]
 
@@ -48,7 +52,11 @@ def _rows_per_rank(rows: int, world: int) -> list[int]:
 def _bucketable(tensor: torch.Tensor) -> bool:
     """A DTensor sharded on dim 0 over a 1-D mesh (``Shard(0)`` splits like ``torch.chunk``: same answer on every
     rank, so every rank takes the same path)."""
-    return isinstance(tensor, DTensor) and tensor.device_mesh.ndim == 1 and tuple(tensor.placements) == (Shard(0),)
+    if not is_dtensor(tensor) or tensor.device_mesh.ndim != 1:
+        return False
+    from torch.distributed.tensor import Shard  # loaded: a DTensor exists
+
+    return tuple(tensor.placements) == (Shard(0),)
 
 
 def _gather_bucket(bucket: list[tuple[str, DTensor]]) -> Iterator[tuple[str, torch.Tensor]]:
@@ -92,7 +100,7 @@ def iter_full_tensors(
     bucket_size = 0
     for key, tensor in state_dict.items():
         name = hf_name(key)
-        if isinstance(tensor, DTensor) and tensor.device_mesh.size() == 1 and tensor.to_local().shape == tensor.shape:
+        if is_dtensor(tensor) and tensor.device_mesh.size() == 1 and tensor.to_local().shape == tensor.shape:
             if bucket:
                 yield from _gather_bucket(bucket)
                 bucket, bucket_size = [], 0
@@ -113,7 +121,7 @@ def iter_full_tensors(
         if bucket:
             yield from _gather_bucket(bucket)
             bucket, bucket_size = [], 0
-        if isinstance(tensor, DTensor):
+        if is_dtensor(tensor):
             yield name, to_mesh_device(_cast(tensor, dtype)).full_tensor()
         else:
             yield name, _cast(tensor, dtype)

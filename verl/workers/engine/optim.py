@@ -8,8 +8,8 @@ import math
 from collections.abc import Iterable
 
 import torch
-from torch.distributed.tensor import DTensor
 
+from verl.utils.dtensor import is_dtensor
 from verl.workers.config.optimizer import FSDPOptimizerConfig
 from verl.workers.engine.sharding import to_mesh_device
 
@@ -50,10 +50,10 @@ def clip_grad_norm(params: Iterable[torch.nn.Parameter], max_norm: float) -> tor
     """
     with_grads = [p for p in params if p.grad is not None]
     total = torch.nn.utils.get_total_norm([p.grad for p in with_grads], norm_type=2.0)
-    if isinstance(total, DTensor):
+    if is_dtensor(total):
         total = to_mesh_device(total)
     torch.nn.utils.clip_grads_with_norm_(with_grads, max_norm, total)
-    return total.full_tensor() if isinstance(total, DTensor) else total
+    return total.full_tensor() if is_dtensor(total) else total
 
 
 def clip_grad_norm_and_step(module: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> float:

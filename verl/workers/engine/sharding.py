@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+import sys
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-from torch.distributed.tensor import DTensor
 
 from verl.utils.torch_dtypes import to_torch_dtype
 from verl.workers.config.engine import FSDPEngineConfig
 from verl.workers.engine.hf_model import decoder_layer_classes
+
+if TYPE_CHECKING:  # FSDP2 and DTensor are imported when a model is sharded (~0.45 s of a worker's start-up)
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
+    from torch.distributed.tensor import DTensor
 
 __all__ = [
     "apply_fsdp2",
@@ -73,6 +76,8 @@ def mixed_precision_policy(config: FSDPEngineConfig) -> MixedPrecisionPolicy | N
         return None
     if "buffer_dtype" in override:
         logger.info("fsdp_config.mixed_precision.buffer_dtype is ignored: FSDP2 keeps buffers in the model dtype")
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
     return MixedPrecisionPolicy(
         param_dtype=param_dtype,
         reduce_dtype=reduce_dtype,
@@ -86,6 +91,8 @@ def apply_fsdp2(module: torch.nn.Module, mesh: DeviceMesh, config: FSDPEngineCon
     The parameters become DTensors sharded on dim 0 over the mesh's "fsdp" dimension and move to the mesh's device.
     ``offload_policy`` keeps the shards in pinned host memory (FSDP2's ``CPUOffloadPolicy``; accelerators only).
     """
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+
     kwargs = {
         "mesh": mesh,
         "reshard_after_forward": config.reshard_after_forward,
@@ -130,8 +137,9 @@ def reshard_all(module: torch.nn.Module) -> None:
     keeps its unsharded parameters, since no backward will free them; DCP's optimizer state dict then fails with
     ``KeyError: 0``. Call this after no-grad forwards.
     """
-    for sub in module.modules():
-        if isinstance(sub, FSDPModule):
+    fsdp = sys.modules.get("torch.distributed.fsdp")  # not imported: nothing was sharded
+    for sub in module.modules() if fsdp is not None else ():
+        if isinstance(sub, fsdp.FSDPModule):
             sub.reshard()
 
 

@@ -115,7 +115,7 @@ class AbstractRewardManager:
         rejected = rejected_kwargs(self.compute_score, reward_kwargs)
         if rejected:
             raise TypeError(
-                f"reward kwargs {rejected} (reward_model.reward_kwargs) are not parameters of the reward function "
+                f"reward kwargs {rejected} (reward.reward_kwargs) are not parameters of the reward function "
                 f"{describe_function(self.compute_score)}; add them to its signature (or **kwargs) or drop them"
             )
         self._start_pool()
@@ -223,7 +223,9 @@ class AbstractRewardManager:
         return accepted_kwargs(self.compute_score, {**kwargs, **self.reward_kwargs})
 
     def run_per_sample(self, samples: list[RewardSample]) -> ScoredBatch:
-        """Call ``compute_score`` once per sample (through the pool) and check each result."""
+        """Call ``compute_score`` once per sample (through the pool) and check each result. A plain number (not a
+        dict with a ``score``) is also stored as ``acc`` in the sample's extra info, as veRL's reward loop does (so
+        it is the ``val-core`` variable)."""
         calls = [
             (
                 (),
@@ -238,7 +240,11 @@ class AbstractRewardManager:
             )
             for s in samples
         ]
-        return self.check_results(samples, self.pool.run(calls))
+        scored = self.check_results(samples, self.pool.run(calls))
+        for extra, value in zip(scored.extra, scored.scores):
+            if "score" not in extra:
+                extra["acc"] = value
+        return scored
 
     def check_results(self, samples: list[RewardSample], results: list[ScoreResult]) -> ScoredBatch:
         """Turn results into scores and extra values; failures score 0, are counted and logged once per kind."""

@@ -23,7 +23,8 @@ __all__ = ["DAPORewardManager"]
 
 @register("dapo")
 class DAPORewardManager(AbstractRewardManager):
-    """Naive scoring plus the overlong penalty. A non-dict score is also logged as ``acc`` (as DAPO does)."""
+    """Naive scoring plus the overlong penalty. A non-dict score is also logged as ``acc`` (every per-sample
+    manager does)."""
 
     def __init__(
         self,
@@ -42,21 +43,18 @@ class DAPORewardManager(AbstractRewardManager):
         if cfg.get("enable", False):
             if not isinstance(max_resp_len, int) or max_resp_len <= 0:
                 raise ValueError(
-                    f"reward_model.overlong_buffer.enable=True needs max_resp_len (data.max_response_length) as a "
-                    f"positive int, got {max_resp_len!r}"
+                    f"reward.reward_kwargs.overlong_buffer_cfg.enable=True needs max_resp_len "
+                    f"(data.max_response_length) as a positive int, got {max_resp_len!r}"
                 )
             length = cfg.get("len")
             if not isinstance(length, int) or not 0 < length <= max_resp_len:
                 raise ValueError(
-                    f"reward_model.overlong_buffer.len={length!r} must be an int in (0, {max_resp_len}] "
+                    f"reward.reward_kwargs.overlong_buffer_cfg.len={length!r} must be an int in (0, {max_resp_len}] "
                     "(data.max_response_length)"
                 )
 
     def score(self, samples: list[RewardSample]) -> ScoredBatch:
         scored = self.run_per_sample(samples)
-        for extra, value in zip(scored.extra, scored.scores):
-            if "score" not in extra:
-                extra["acc"] = value
         cfg = self.overlong_buffer_cfg or {}
         if not cfg.get("enable", False):
             return scored

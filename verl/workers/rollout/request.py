@@ -15,11 +15,13 @@ import numpy as np
 import torch
 
 from verl.protocol import DataProto
+from verl.utils.token_ids import as_token_ids  # noqa: F401 - re-exported: the request API's name
 
 __all__ = [
     "GenerationPlan",
     "as_id_list",
     "as_int",
+    "as_token_ids",
     "assemble_output",
     "plan_generation",
     "read_prompts",
@@ -146,13 +148,14 @@ def plan_generation(
     """Read a prompt batch and its meta_info into a :class:`GenerationPlan`.
 
     Meta keys: ``eos_token_id`` (default: the model's), ``pad_token_id``, ``do_sample``, ``validate`` (sample with
-    ``val_kwargs``), ``global_steps`` (the step, for seeding), ``n``. Optional per-row int tensors: ``prompt_index``
-    (default: the row) and ``sample_index`` (sample j of a row uses sample index ``sample_index · n + j``; default j).
+    ``val_kwargs``), ``global_steps`` (the step, for seeding), ``n`` (default 1: one response per row, as veRL's
+    engines; callers repeat the prompts). Optional per-row int tensors: ``prompt_index`` (default: the row) and
+    ``sample_index`` (sample j of a row uses sample index ``sample_index · n + j``; default j).
     """
     input_ids, prompt_mask, position_ids = read_prompts(prompts, vocab_size)
     meta = prompts.meta_info
     params = config.val_kwargs if meta.get("validate", False) else config
-    n = as_int("n", meta.get("n", params.n), 1)
+    n = as_int("n", meta.get("n", 1), 1)  # one response per row unless asked (veRL's callers repeat the prompts)
     do_sample = meta.get("do_sample", params.do_sample)
     if not isinstance(do_sample, bool | np.bool_):
         raise ValueError(f"meta_info['do_sample']={do_sample!r} must be true or false")

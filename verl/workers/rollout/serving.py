@@ -40,7 +40,7 @@ import torch
 
 from verl.protocol import DataProto
 from verl.workers.rollout.replica import TokenOutput
-from verl.workers.rollout.request import assemble_output, plan_generation, sample_seed
+from verl.workers.rollout.request import as_token_ids, assemble_output, plan_generation, sample_seed
 
 __all__ = ["RequestServing", "RequestState", "SamplingSpec", "resolve_sampling_params"]
 
@@ -292,7 +292,7 @@ class RequestServing:
     ) -> RequestState:
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"generate: request_id must be a non-empty string, got {request_id!r}")
-        prompt_ids = [int(t) for t in prompt_ids]
+        prompt_ids = as_token_ids(prompt_ids, f"generate({request_id!r}): prompt_ids")
         if not prompt_ids:
             raise ValueError(f"generate({request_id!r}): prompt_ids is empty")
         bad = [t for t in prompt_ids if not 0 <= t < self._vocab_size]

@@ -1,0 +1,22 @@
+"""veRL 0.10's reward-loop package, at its import path. Here so far: ``migrate_legacy_reward_impl``.
+
+veRL 0.10's recipe mains call ``migrate_legacy_reward_impl(config)`` right after Hydra, to read the older
+``reward_model.*`` / ``reward_manager.*`` / ``custom_reward_function.*`` keys into ``reward.*``. The trainer's
+start-up does that here for every entry point (`verl.trainer.config.layout`); calling it again is harmless.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["migrate_legacy_reward_impl"]
+
+
+def migrate_legacy_reward_impl(config: Any) -> Any:
+    """Read veRL's older reward keys into ``reward.*`` (each named in a warning), in place; returns ``config``.
+
+    The trainer config's rules live with it (`verl.trainer.config.layout.migrate_legacy_reward_impl`), imported
+    when this is called."""
+    from verl.trainer.config.layout import migrate_legacy_reward_impl as migrate
+
+    return migrate(config)

@@ -1,0 +1,1 @@
+"""veRL's ``verl.models`` path, for the recipe-facing ``transformers.monkey_patch``."""

@@ -1,0 +1,1 @@
+"""veRL's patches of Hugging Face models (see ``monkey_patch``)."""

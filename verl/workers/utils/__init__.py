@@ -1,0 +1,1 @@
+"""Helpers shared by the worker engines (veRL's ``verl.workers.utils``)."""
