@@ -22,8 +22,10 @@ import torch.distributed as dist
 
 from verl.utils.device import get_device_name, get_torch_device
 from verl.workers.engine import offload
+from verl.workers.engine.lora import normalize_peft_param_name
 
 __all__ = [
+    "normalize_peft_param_name",
     "attach_engine",
     "engine_of",
     "fsdp_version",

@@ -241,7 +241,8 @@ def should_save_ckpt_esi(max_steps_duration: float, save_ckpt_duration: float = 
 _DEFAULT_CONTENTS = ("model", "optimizer", "extra")
 
 
-def _is_lora_key(key: str) -> bool:
+def is_peft_adapter_key(key: str) -> bool:
+    """True for any peft adapter tensor's key (LoRA matrices and embeddings, other adapter layers)."""
     return "lora_" in key or ".adapter_" in key
 
 
@@ -329,7 +330,7 @@ class BaseCheckpointManager:
     @staticmethod
     def is_lora_only_state_dict(state_dict: dict[str, Any] | None) -> bool:
         """True when every key of a non-empty state dict is a LoRA / adapter weight (``lora_`` or ``.adapter_``)."""
-        return bool(state_dict) and all(_is_lora_key(k) for k in state_dict)
+        return bool(state_dict) and all(is_peft_adapter_key(k) for k in state_dict)
 
     def save_checkpoint(
         self, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None

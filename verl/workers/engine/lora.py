@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from verl.utils.checkpoint.checkpoint_manager import is_peft_adapter_key
 from verl.workers.config.lora import LoraSpec
 
 __all__ = [
@@ -141,6 +142,13 @@ def sync_name(key: str) -> str | None:
     if ".lora_A." in key or ".lora_B." in key:
         return key.replace(".default.", ".")
     return key[len(_PEFT_PREFIX) :].replace(".base_layer.", ".")
+
+
+def normalize_peft_param_name(params: dict[str, Any]) -> dict[str, Any]:
+    """veRL's name: a peft-wrapped model's state dict under the base model's names, its adapter tensors dropped
+    (``base_model.model.model.layers.0.q_proj.base_layer.weight`` -> ``model.layers.0.q_proj.weight``)."""
+    names = ((key.removeprefix(_PEFT_PREFIX).removeprefix("base_model."), value) for key, value in params.items())
+    return {name.replace(".base_layer", ""): value for name, value in names if not is_peft_adapter_key(name)}
 
 
 def lora_module_names(names: Iterable[str]) -> set[str]:
