@@ -205,7 +205,7 @@ def git_dir(path: Path) -> Path:
 
 def run(files: list[str], cwd: Path, pythonpath: Path, junit: Path, extra: list[str]) -> int:
     """One pytest process over ``files``; results land in ``junit``."""
-    extra_path = os.environ.get("PYTHONPATH", "")  # e.g. packages only veRL needs, for --against verl
+    extra_path = os.environ.get("PYTHONPATH", "")  # e.g. the packages only veRL needs
     env = dict(
         os.environ,
         PYTHONPATH=os.pathsep.join(filter(None, [str(pythonpath), extra_path])),

@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from transformers.dynamic_module_utils import custom_object_save
 
-from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager, _is_lora_key
+from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager, is_peft_adapter_key
 from verl.utils.fsdp_utils import engine_of
 
 __all__ = ["FSDPCheckpointManager"]
@@ -121,7 +121,7 @@ class FSDPCheckpointManager(BaseCheckpointManager):
         state_dict = self.model.state_dict()
         if not (self.should_save_lora_only and self._has_lora()):
             return state_dict
-        adapters = {k: v for k, v in state_dict.items() if _is_lora_key(k)}
+        adapters = {k: v for k, v in state_dict.items() if is_peft_adapter_key(k)}
         if not adapters:
             raise ValueError(
                 f"save_lora_only is True and the model has a peft_config, but none of its {len(state_dict)} "
