@@ -263,7 +263,8 @@ def test_lora_run_trains_the_adapters_and_saves_them_merged(files):
     adapted = PeftModel.from_pretrained(base, folder / "lora_adapter")
     ids = torch.randint(3, 200, (2, 10), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        torch.testing.assert_close(merged(ids).logits, adapted(ids).logits, rtol=0, atol=1e-5)
+        # merged W + BA vs. peft's W x + B(A x): the same sums in another order (~3e-5 apart with peft 0.21)
+        torch.testing.assert_close(merged(ids).logits, adapted(ids).logits, rtol=0, atol=1e-4)
 
 
 def test_multi_turn_run_with_a_tool_call_and_a_custom_template(files):
