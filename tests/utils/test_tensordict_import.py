@@ -69,4 +69,9 @@ def test_driver_validation_imports_neither_torch_nor_the_trainer():
         "assert not bad, bad\n"
         "print('[]')\n"
     )
+    # the demo's assets are built (with torch) once per cache; the claim is about a run that finds them built
+    _run(
+        "from verl.trainer.config.validate import merged\nfrom verl.trainer.main_ppo import with_demo_preset\n"
+        "with_demo_preset(merged([]), [])\nprint('[]')\n"
+    )
     assert _run(code) == []
