@@ -195,8 +195,30 @@ class GLMToolParser(ToolParser):
         return self._thinking.sub("", _before(text, self.tool_call_start_token), count=1), calls, rejected
 
 
+class _XmlBlockToolParser(ToolParser):
+    """Calls as XML-ish blocks, each holding one or more functions with their parameters; a subclass gives the
+    block, function and parameter patterns and the function's shape for the error."""
+
+    _block: re.Pattern
+    _function: re.Pattern
+    _parameter: re.Pattern
+    _function_shape: str
+
+    def parse_text(self, text: str, tools: list[Any] | None = None) -> Parsed:
+        if self.tool_call_start_token not in text:
+            return text, [], []
+        calls: list[FunctionCall] = []
+        rejected: list[str] = []
+        for block in self._block.findall(text):
+            functions = self._function.findall(block)
+            if not functions:
+                rejected.append(f"invalid tool call {block.strip()[:200]!r}: no {self._function_shape}")
+            calls += [_call(name.strip(), self._parameter.findall(body), tools) for name, body in functions]
+        return _before(text, self.tool_call_start_token), calls, rejected
+
+
 @ToolParser.register("seed")
-class SeedToolParser(ToolParser):
+class SeedToolParser(_XmlBlockToolParser):
     """ByteDance Seed-OSS calls::
 
     <seed:tool_call>
@@ -211,21 +233,11 @@ class SeedToolParser(ToolParser):
     _function = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
     _parameter = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
 
-    def parse_text(self, text: str, tools: list[Any] | None = None) -> Parsed:
-        if self.tool_call_start_token not in text:
-            return text, [], []
-        calls: list[FunctionCall] = []
-        rejected: list[str] = []
-        for block in self._block.findall(text):
-            functions = self._function.findall(block)
-            if not functions:
-                rejected.append(f"invalid tool call {block.strip()[:200]!r}: no <function=NAME>...</function>")
-            calls += [_call(name.strip(), self._parameter.findall(body), tools) for name, body in functions]
-        return _before(text, self.tool_call_start_token), calls, rejected
+    _function_shape = "<function=NAME>...</function>"
 
 
 @ToolParser.register("minimax")
-class MiniMaxToolParser(ToolParser):
+class MiniMaxToolParser(_XmlBlockToolParser):
     """MiniMax-M2 calls (one block may hold several ``invoke`` s)::
 
     <minimax:tool_call>
@@ -237,20 +249,10 @@ class MiniMaxToolParser(ToolParser):
 
     tool_call_start_token = "<minimax:tool_call>"
     _block = re.compile(r"<minimax:tool_call>(.*?)</minimax:tool_call>", re.DOTALL)
-    _invoke = re.compile(r'<invoke name="([^"]+)">(.*?)</invoke>', re.DOTALL)
+    _function = re.compile(r'<invoke name="([^"]+)">(.*?)</invoke>', re.DOTALL)
     _parameter = re.compile(r'<parameter name="([^"]+)">(.*?)</parameter>', re.DOTALL)
 
-    def parse_text(self, text: str, tools: list[Any] | None = None) -> Parsed:
-        if self.tool_call_start_token not in text:
-            return text, [], []
-        calls: list[FunctionCall] = []
-        rejected: list[str] = []
-        for block in self._block.findall(text):
-            invokes = self._invoke.findall(block)
-            if not invokes:
-                rejected.append(f"invalid tool call {block.strip()[:200]!r}: no <invoke name=...>...</invoke>")
-            calls += [_call(name.strip(), self._parameter.findall(body), tools) for name, body in invokes]
-        return _before(text, self.tool_call_start_token), calls, rejected
+    _function_shape = "<invoke name=...>...</invoke>"
 
 
 @ToolParser.register("kimi")
