@@ -28,6 +28,7 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 BUCKET_MB = 0.1  # several buckets for the tiny model
 REPLICAS = 2
 CORRUPTED = "model.layers.1.mlp.up_proj.weight"
+READY_TIMEOUT_S = 240  # under the ini's 300 s per test, which includes this fixture
 
 
 @ray.remote(num_cpus=0)
@@ -79,13 +80,26 @@ class Replica:
         return {name: tensor_digest(t) for name, t in self.rollout.named_weights()}
 
 
+def wait_until_up(replicas, timeout_s: float = READY_TIMEOUT_S) -> None:
+    """Wait for the replicas' constructors; past ``timeout_s`` fail with Ray's own view of them (its state, its pid)
+    instead of a bare pytest timeout."""
+    ready, _ = ray.wait([r.__ray_ready__.remote() for r in replicas], num_returns=len(replicas), timeout=timeout_s)
+    if len(ready) < len(replicas):
+        from ray._private import state  # the GCS's actor table: works without the dashboard
+
+        ids = {r._actor_id.hex() for r in replicas}
+        seen = {k: (v["State"], v.get("Pid"), v.get("DeathCause")) for k, v in state.actors().items() if k in ids}
+        pytest.fail(f"{len(ready)} of {len(replicas)} replicas up after {timeout_s:.0f} s; Ray's view: {seen}")
+    ray.get(ready)  # a constructor that raised raises here
+
+
 @pytest.fixture(scope="module")
 def pushed(ray_cluster, tiny_model_dir):
     """Two replicas and the trainer's sender, joined in one weight group."""
     replicas = [Replica.remote(tiny_model_dir) for _ in range(REPLICAS)]
     try:
         # up first (their engines built: slow on a loaded machine), so the group's timeout times the join alone
-        ray.get([r.__ray_ready__.remote() for r in replicas])
+        wait_until_up(replicas)
         host, port = node_ip_and_free_port()
         joins = [r.join.remote(host, port, rank, REPLICAS + 1) for rank, r in enumerate(replicas, start=1)]
         sender = BroadcastSender(weight_group(host, port, 0, REPLICAS + 1, timeout_s=60))
