@@ -161,6 +161,8 @@ def expected() -> dict[str, Any]:
     rollout["prompt_length"] = "${data.max_prompt_length}"
     rollout["response_length"] = "${data.max_response_length}"
     rollout["n_gpus_per_node"] = "${trainer.n_gpus_per_node}"
+    rollout["trace"]["project_name"] = "${oc.select:trainer.project_name,null}"
+    rollout["trace"]["experiment_name"] = "${oc.select:trainer.experiment_name,null}"
     ref = dump(RefConfig())
     ref["strategy"] = "${actor_rollout_ref.actor.strategy}"
     ref["log_prob_micro_batch_size_per_gpu"] = (

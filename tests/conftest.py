@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRACKIO_DIR", tempfile.mkdtemp(prefix="verl-trackio-"))  # not ~/.cache
 # The Ray workers and CLI runs the suite starts (several at once on 2 cores) compute with one thread each, as Ray's
 # default gives them; main_ppo would otherwise split the cores between a run's workers (this process, whose torch
 # is already loaded, keeps its threads).

@@ -296,6 +296,51 @@ def test_no_training_call_while_generation_is_in_flight(hybrid, assets):
     wg.update_weights()  # idle again: allowed
 
 
+def test_rollout_traces_reach_mlflow_without_changing_the_batch(hybrid, assets, tmp_path, monkeypatch):
+    """``rollout.trace`` with mlflow (a local sqlite store): with ``max_samples_per_step_per_worker=1`` the n copies of
+    one prompt are traced, each as an ``agent_loop`` span tagged with its sample, holding the loop's run and its
+    generate call with the decoded texts (``token2text``); the batch equals the untraced one."""
+    import mlflow
+
+    from verl.utils.rollout_trace import RolloutTraceConfig
+
+    config, wg, untraced_manager = hybrid
+    prompts = prompt_batch(assets)
+    prompts.meta_info["global_steps"] = 3
+    prompts.batch["prompt_index"] = torch.arange(len(prompts))  # the n samples of a prompt share its index
+    plain = untraced_manager.generate_sequences(prompts.repeat(2, interleave=True))
+    traced_config = OmegaConf.merge(config, {"trainer": {"project_name": "verl_trace", "experiment_name": "t1"}})
+    trace = {"backend": "mlflow", "token2text": True, "max_samples_per_step_per_worker": 1}
+    traced_config.actor_rollout_ref.rollout.trace = trace
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlruns.db")
+    mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
+    mlflow.create_experiment("verl_trace", artifact_location=str(tmp_path / "artifacts"))  # not ./mlruns
+    RolloutTraceConfig.reset()  # the process's first agent-loop worker set it up untraced
+    try:
+        manager = AgentLoopManager(traced_config, wg, tokenizer=hf_tokenizer(assets.model_path))
+        traced = manager.generate_sequences(prompts.repeat(2, interleave=True))
+        mlflow.flush_trace_async_logging()
+    finally:
+        RolloutTraceConfig.reset()
+    for key in ("responses", "rollout_log_probs", "attention_mask"):
+        assert torch.equal(traced.batch[key], plain.batch[key]), key
+    experiment = mlflow.get_experiment_by_name("verl_trace").experiment_id
+    found = mlflow.search_traces(return_type="list", locations=[experiment])
+    assert len(found) == 2
+    tags = [t.info.tags for t in found]
+    assert {t["rollout_n"] for t in tags} == {"0", "1"} and len({t["sample_index"] for t in tags}) == 1
+    assert all(t["step"] == "3" and t["experiment_name"] == "t1" for t in tags)
+    tokenizer = hf_tokenizer(assets.model_path)
+    prompt = [str(i) for i in prompts.non_tensor_batch["index"]].index(tags[0]["sample_index"])  # the dataset's
+    row = 2 * prompt + int(tags[0]["rollout_n"])
+    response = traced.batch["responses"][row][traced.batch["response_mask"][row].bool()].tolist()
+    spans = {s.name: s for s in found[0].data.spans}
+    assert set(spans) == {"agent_loop", "SingleTurnAgentLoop.run", "AsyncLLMServerManager.generate"}
+    assert spans["SingleTurnAgentLoop.run"].parent_id == spans["agent_loop"].span_id
+    assert spans["AsyncLLMServerManager.generate"].parent_id == spans["SingleTurnAgentLoop.run"].span_id
+    assert spans["AsyncLLMServerManager.generate"].outputs["response_text"] == tokenizer.decode(response)
+
+
 def test_user_loops_from_yaml_mask_their_tokens_and_rewards_score_samples_as_they_finish(hybrid, assets, tmp_path):
     config, wg, _ = hybrid
     tokenizer = hf_tokenizer(assets.model_path)

@@ -17,7 +17,7 @@ import torch
 
 from tests.cli_runs import needs
 from tests.utils._real_run import BACKENDS, RUN, STEPS, VAL_SAMPLES, real_run
-from verl.utils.tracking import Tracking, ValidationGenerationsLogger
+from verl.utils.tracking import DapoFilteredRewardTableLogger, Tracking, ValidationGenerationsLogger
 from verl.utils.tracking.backends import default_mlflow_uri, mlflow_key
 
 CONFIG = {"trainer": {"project_name": "proj", "total_training_steps": 3, "logger": ["x"]}, "algorithm": {"gamma": 1.0}}
@@ -210,12 +210,22 @@ def test_wandb_defaults_to_offline_and_writes_the_run(in_tmp, caplog):
         tracker = Tracking("proj", "exp", ["tracking", "wandb"], config=CONFIG)  # alias → one wandb backend
     assert list(tracker.loggers) == ["wandb"]
     assert "offline" in caplog.text and "wandb sync" in caplog.text
+    filtered = DapoFilteredRewardTableLogger("proj", "exp")
     for step in (1, 2, 3):
         tracker.log({"critic/score/mean": np.float32(step / 4), "val-core/x/reward/mean@4": 0.5}, step)
         ValidationGenerationsLogger("proj", "exp").log(["wandb"], SAMPLES[: 1 + step % 2], step)  # new logger each time
-    tracker.finish()
+        filtered.log(["console", "wandb"], {1.0: step, np.float32(0.0): 2}, step)
+    tracker.finish(exit_code=1)  # a failed run
     tracker.finish()
     records = wandb_records(in_tmp / "wandb")
+    assert [r.exit.exit_code for r in records if r.WhichOneof("record_type") == "exit"] == [1]
+    # the filtered-reward table takes one row per step (wandb 0.20+: each step's file holds its new rows)
+    increments = wandb_tables(records, in_tmp / "wandb", "training/filter_groups/filtered_reward_counts")
+    assert [row for step in sorted(increments) for row in increments[step]["data"]] == [
+        [1, "0:2, 1:1"],
+        [2, "0:2, 1:2"],
+        [3, "0:2, 1:3"],
+    ]
     assert wandb_history(records, "critic/score/mean") == [(1, 0.25), (2, 0.5), (3, 0.75)]
     assert wandb_history(records, "val-core/x/reward/mean@4") == [(1, 0.5), (2, 0.5), (3, 0.5)]
     config = wandb_config(records)
@@ -255,6 +265,55 @@ def test_mlflow_metrics_params_config_and_val_generations(in_tmp, monkeypatch):
     samples = mlflow_json(client, run.info.run_id, "val_generations/step_00000002.json", in_tmp / "dl")
     assert samples["step"] == 2 and samples["samples"][1] == {"input": "a | b\nc", "output": "out", "score": 0.0}
     assert (in_tmp / "ml" / "mlruns").is_dir()  # artifacts next to the local store
+    Tracking("failed", "exp", ["mlflow"]).finish(exit_code=1)
+    assert mlflow_run(uri, "failed")[1].info.status == "FAILED"
+
+
+def test_trackio_metrics_config_val_generations_and_traces(in_tmp):
+    """trackio (its local store: TRACKIO_DIR, set for the session by tests/conftest.py) read back with its own
+    storage reader and trace files."""
+    from trackio.sqlite_storage import SQLiteStorage
+    from trackio.utils import TRACKIO_DIR
+
+    project = f"verl-{in_tmp.name}"  # the store is the session's
+    tracker = Tracking(project, "exp", ["trackio"], config=CONFIG)
+    for step in (1, 2):
+        tracker.log({"critic/score/mean": np.float32(step / 4), "val-core/x/reward/mean@4": 0.5}, step)
+    ValidationGenerationsLogger(project, "exp").log(["trackio"], SAMPLES, step=2)
+    tracker.finish()
+    tracker.finish()
+    logs = SQLiteStorage.get_logs(project, "exp")
+    assert [(r["step"], r["critic/score/mean"]) for r in logs if "critic/score/mean" in r] == [(1, 0.25), (2, 0.5)]
+    assert SQLiteStorage.get_run_config(project, "exp")["trainer"]["total_training_steps"] == 3
+    traces = trackio_traces(Path(TRACKIO_DIR) / "traces" / project / "exp")
+    assert [(t["step"], t["messages"]) for t in traces] == [
+        (2, [("user", "1+1="), ("assistant", "2")]),
+        (2, [("user", "a | b\nc"), ("assistant", "out")]),
+    ]
+    assert [t["metadata"]["score"] for t in traces] == [1.0, 0.0]
+
+
+def trackio_traces(folder: Path) -> list[dict]:
+    """The traces trackio wrote under ``folder`` (one jsonl session per trace), by step and place in their log call."""
+    out = []
+    for path in folder.glob("*.jsonl"):
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        session = lines[0]["trackio"]
+        messages = [
+            (m["message"]["role"], "".join(part["text"] for part in m["message"]["content"]))
+            for m in lines[1:]
+            if m["type"] == "message"
+        ]
+        out.append(
+            {
+                "index": session["trace_index"],
+                "step": session["step"],
+                "metadata": session["metadata"],
+                "messages": messages,
+            }
+        )
+    out.sort(key=lambda t: (t["step"] is None, t["step"] or 0, t["index"] or 0))
+    return [{k: v for k, v in t.items() if k != "index"} for t in out]
 
 
 def test_mlflow_names_and_default_store(in_tmp):
@@ -290,7 +349,7 @@ def test_missing_package_fails_at_start_naming_the_extra(in_tmp, monkeypatch, ba
 def test_unknown_or_unshipped_backend(in_tmp, name, message):
     with pytest.raises(ValueError, match=message) as err:
         Tracking("proj", "exp", ["file", name])
-    assert "available: console, file, mlflow, tensorboard, wandb" in str(err.value)
+    assert "available: console, file, mlflow, tensorboard, trackio, wandb" in str(err.value)
     assert not (in_tmp / "proj").exists()
     assert set(Tracking.supported_backend) >= {"console", "file", "tensorboard", "wandb", "mlflow"}
 

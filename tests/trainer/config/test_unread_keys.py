@@ -49,7 +49,6 @@ AWAY: dict[str, Any] = {
     "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode": "off",
     "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": 2,
     "actor_rollout_ref.rollout.agent.custom_async_server.path": "/tmp/server.py",
-    "actor_rollout_ref.rollout.trace.backend": "weave",
     "actor_rollout_ref.rollout.mtp": {"enable": True},
     "reward_model.strategy": "megatron",
     "reward_model.model.input_tokenizer": "/tmp/policy_tokenizer",

@@ -27,6 +27,7 @@ import contextvars
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from verl.utils.rollout_trace import rollout_trace_op
 from verl.workers.rollout.replica import TokenOutput
 from verl.workers.rollout.request import as_token_ids, sample_seed
 
@@ -160,6 +161,7 @@ class AsyncLLMServerManager:
             self._sticky.popitem(last=False)
         return server, turns
 
+    @rollout_trace_op
     async def generate(
         self,
         request_id: str,

@@ -7,6 +7,7 @@ from typing import Any
 from uuid import uuid4
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
+from verl.utils.rollout_trace import rollout_trace_op
 
 __all__ = ["SingleTurnAgentLoop"]
 
@@ -26,6 +27,7 @@ class SingleTurnAgentLoop(AgentLoopBase):
             "single_turn_lengths", lambda: (rollout.prompt_length, rollout.response_length)
         )
 
+    @rollout_trace_op
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         prompt_ids = kwargs.get("raw_prompt_ids")
         if prompt_ids is None:

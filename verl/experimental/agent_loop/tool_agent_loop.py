@@ -47,6 +47,7 @@ from verl.tools.base_tool import BaseTool, ToolUnavailableError
 from verl.tools.function_tool import FunctionTool, normalize_function_tool_return
 from verl.tools.schemas import ToolResponse
 from verl.utils.profiler.performance import simple_timer
+from verl.utils.rollout_trace import rollout_trace_op
 
 __all__ = ["AgentData", "AgentState", "ToolAgentLoop", "truncate_tool_response"]
 
@@ -185,6 +186,7 @@ class ToolAgentLoop(AgentLoopBase):
         self.tool_parser, self.interaction_map = settings.tool_parser, settings.interaction_map
         self.stop_token_ids = self.cached("tool_parser_stop_token_ids", lambda: list(self.tool_parser.stop_token_ids))
 
+    @rollout_trace_op
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         if "raw_prompt" not in kwargs:
             raise ValueError("tool_agent: the sample has no raw_prompt (set data.return_raw_chat=True)")

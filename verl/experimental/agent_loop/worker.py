@@ -40,6 +40,7 @@ from verl.experimental.agent_loop.postprocess import (
 )
 from verl.experimental.agent_loop.server_manager import AsyncLLMServerManager, record_token_versions
 from verl.protocol import DataProto
+from verl.utils.rollout_trace import RolloutTraceConfig, rollout_trace_attr
 from verl.workers.config.builders import build_rollout_config
 from verl.workers.reward_manager.abstract import RewardFunctionError, align_extra_info
 from verl.workers.rollout.request import as_id_list, sample_seed
@@ -94,6 +95,16 @@ class AgentLoopWorkerBase:
         self._scoring = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-loop-reward")
         self._factories: dict[str, Any] = {}
         self._trainer_wrap, self._data_wrap = DictConfigWrap(self.config), DictConfigWrap(self.data_config)
+        trace, trainer = self.rollout_config.trace, self.config.get("trainer") or {}
+        RolloutTraceConfig.init(  # the names default to the run's (as veRL's YAML interpolates them)
+            trace.project_name or trainer.get("project_name"),
+            trace.experiment_name or trainer.get("experiment_name"),
+            trace.backend,
+            trace.token2text,
+            trace.max_samples_per_step_per_worker,
+        )
+        if trace.token2text and getattr(self.server_manager, "tokenizer", None) is None:
+            self.server_manager.tokenizer = self.tokenizer  # the traced generate calls decode their ids with it
 
     def _loop_factory(self, agent_name: str) -> Any:
         """Builds agent ``agent_name``'s loop from its registry entry — what ``hydra.utils.instantiate`` does, with
@@ -130,6 +141,7 @@ class AgentLoopWorkerBase:
             logger.debug("no %r column in the prompts: samples are not scored in the agent loops", key)
             fn = None
         scorer = None if fn is None else _Scorer(fn, self._scoring)
+        traces = _trace_scopes(batch, step, validate, rollout.seed)
         tasks = []
         for i in range(rows):
             fields = {k: v[i] for k, v in batch.non_tensor_batch.items() if k != "agent_name"}
@@ -140,7 +152,7 @@ class AgentLoopWorkerBase:
             if not greedy:
                 prompt, sample = (int(batch.batch[k][i]) for k in ("prompt_index", "sample_index"))
                 sample_params["seed"] = sample_seed(rollout.seed, step, prompt, sample)
-            tasks.append(asyncio.create_task(self._run_sample(names[i], sample_params, fields, scorer)))
+            tasks.append(asyncio.create_task(self._run_sample(names[i], sample_params, fields, scorer, traces[i])))
         # every loop runs to its first await: the first requests of all of them go out as one wave per replica
         with getattr(self.server_manager, "wave", contextlib.nullcontext)():
             await asyncio.sleep(0)
@@ -170,7 +182,12 @@ class AgentLoopWorkerBase:
         return params, greedy
 
     async def _run_sample(
-        self, agent_name: str, sampling_params: dict[str, Any], fields: dict[str, Any], scorer: _Scorer | None
+        self,
+        agent_name: str,
+        sampling_params: dict[str, Any],
+        fields: dict[str, Any],
+        scorer: _Scorer | None,
+        trace: dict[str, Any] | None = None,
     ) -> SampleResult:
         loop = self._loop_factory(agent_name)(
             trainer_config=self._trainer_wrap,
@@ -181,7 +198,8 @@ class AgentLoopWorkerBase:
             dataset_config=self._data_wrap,
         )
         token_versions = record_token_versions()  # this sample's task: its generate calls' token versions
-        output = await loop.run(sampling_params, **fields)
+        with rollout_trace_attr(name="agent_loop", **(trace or {})):
+            output = await loop.run(sampling_params, **fields)
         if not isinstance(output, AgentLoopOutput):
             raise TypeError(
                 f"agent loop {agent_name!r} ({type(loop).__qualname__}.run) returned {type(output).__name__}, "
@@ -308,3 +326,37 @@ def _quiet(reward_fn: Any) -> Any:
 
 
 AgentLoopWorker = ray.remote(num_cpus=0)(AgentLoopWorkerBase)
+
+
+def _trace_scopes(batch: DataProto, step: int, validate: bool, seed: int) -> list[dict[str, Any]]:
+    """Per row, its ``rollout_trace_attr`` arguments: the sample (the dataset's ``index`` where the prompts carry
+    one, else the prompt's place in the batch), its copy number, the step; with
+    ``rollout.trace.max_samples_per_step_per_worker`` set, only that many samples (every copy of each) are traced,
+    picked by a generator of their own (the run's other draws do not move)."""
+    rows = len(batch)
+    tensors = batch.batch.keys() if batch.batch is not None else ()
+    index = batch.non_tensor_batch.get("index")
+    if index is None:
+        index = batch.batch["prompt_index"].tolist() if "prompt_index" in tensors else list(range(rows))
+    copies = batch.batch["sample_index"].tolist() if "sample_index" in tensors else [0] * rows
+    limit = RolloutTraceConfig.get_instance().max_samples_per_step_per_worker
+    keys = [str(i) for i in index]
+    chosen = set(keys)
+    if limit is not None and limit < len(chosen):
+        rng = np.random.default_rng([int(seed), int(step), int(validate)])
+        chosen = set(rng.choice(sorted(chosen), size=limit, replace=False).tolist())
+    return [
+        {
+            "sample_index": _plain_int(index[i]),
+            "rollout_n": int(copies[i]),
+            "step": step,
+            "validate": validate,
+            "trace": keys[i] in chosen,
+        }
+        for i in range(rows)
+    ]
+
+
+def _plain_int(value: Any) -> Any:
+    """A numpy/torch integer as ``int`` (trace attributes are JSON); anything else unchanged."""
+    return int(value) if isinstance(value, np.integer | int) else value

@@ -178,7 +178,6 @@ UNREAD: tuple[Unread, ...] = (
         "multi-turn rollouts are repeated by actor_rollout_ref.rollout.n, like every rollout",
     ),
     Unread(f"{_ROLLOUT}.agent.custom_async_server", "error", "custom rollout server classes are not supported"),
-    Unread(f"{_ROLLOUT}.trace", "warn", "rollout tracing is not implemented"),
     Unread(f"{_ROLLOUT}.prometheus", "warn", "no Prometheus metrics are exported"),
     Unread(f"{_ROLLOUT}.mtp", "warn", "speculative decoding with MTP is not implemented"),
     # critic
@@ -316,7 +315,6 @@ NAME_USED_ELSEWHERE: frozenset[str] = frozenset(
         "reward_model.model.override_config",
         "reward_model.model.use_remove_padding",
         "reward_model.max_length",  # the SFT datasets read their own data.max_length
-        f"{_ROLLOUT}.trace",  # verl.utils.rollout_trace's names (veRL's decorators, tracing off) are not the key
         # veRL's legacy worker API (verl.workers.fsdp_legacy, verl.utils.ulysses, fsdp_utils, sandbox tools) takes
         # these names as arguments from recipes' own code and refuses or honours them there; the config keys stay
         # unread by the trainer's workers

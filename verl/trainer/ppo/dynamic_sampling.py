@@ -15,13 +15,14 @@ Paper: Q. Yu et al., "DAPO: An Open-Source LLM Reinforcement Learning System at 
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from verl.protocol import DataProto
+from verl.utils.tracking.tables import FILTERED_REWARD_TABLE_KEY
 
 __all__ = ["StepState", "accumulate_groups", "group_filter_values"]
 
@@ -60,14 +61,17 @@ def group_filter_values(batch: DataProto, metric: str) -> np.ndarray:
         raise ValueError(f"algorithm.filter_groups.metric={metric!r} has non-numeric values") from e
 
 
-def _informative_rows(uids: np.ndarray, values: np.ndarray) -> tuple[list[int], int, int]:
+def _informative_rows(uids: np.ndarray, values: np.ndarray) -> tuple[list[int], int, Counter]:
     """Rows of the groups (by uid) whose values are not all equal, or that have one sample; their count; and the
-    count of the groups dropped."""
+    dropped groups counted by the value their samples share."""
     rows: dict[Any, list[int]] = defaultdict(list)
     for i, uid in enumerate(uids):
         rows[uid].append(i)
     kept = [index for index in rows.values() if len(index) == 1 or np.std(values[index]) > 0]
-    return sorted(i for index in kept for i in index), len(kept), len(rows) - len(kept)
+    dropped = Counter(
+        float(values[index[0]]) for index in rows.values() if len(index) > 1 and np.std(values[index]) == 0
+    )
+    return sorted(i for index in kept for i in index), len(kept), dropped
 
 
 def accumulate_groups(batch: DataProto, step: StepState, config: Any) -> DataProto | None:
@@ -80,7 +84,10 @@ def accumulate_groups(batch: DataProto, step: StepState, config: Any) -> DataPro
     rows, prompts, dropped = _informative_rows(batch.non_tensor_batch["uid"], values)
     step.gen_batches += 1
     step.kept_prompts += prompts
-    step.evicted_prompts += dropped
+    step.evicted_prompts += dropped.total()
+    if dropped:  # the trainer sends it to wandb's table (DapoFilteredRewardTableLogger), not to the scalar metrics
+        merged = Counter(step.metrics.get(FILTERED_REWARD_TABLE_KEY, {})) + dropped
+        step.metrics[FILTERED_REWARD_TABLE_KEY] = dict(merged)
     if rows:
         step.kept.append(batch.select_idxs(rows))
     step.metrics["train/num_gen_batches"] = step.gen_batches

@@ -73,7 +73,8 @@ from verl.utils.import_utils import import_external_libs
 from verl.utils.profiler import marked_timer
 from verl.utils.rollout_skip import RolloutSkip
 from verl.utils.seqlen_balancing import balance_batch
-from verl.utils.tracking import Tracking, ValidationGenerationsLogger
+from verl.utils.tracking import DapoFilteredRewardTableLogger, Tracking, ValidationGenerationsLogger
+from verl.utils.tracking.tables import FILTERED_REWARD_TABLE_KEY
 
 __all__ = [
     "AdvantageEstimator",
@@ -474,6 +475,8 @@ class RayPPOTrainer(TrainerGeneration, TrainerCheckpointing, TrainerProfiling, G
         progress = tqdm(
             total=self.total_training_steps, initial=self.global_steps, desc="Training Progress", dynamic_ncols=True
         )
+        filtered_table = DapoFilteredRewardTableLogger(trainer.project_name, trainer.experiment_name)
+        exit_code = 1
         try:
             while self.global_steps < self.total_training_steps:
                 step = self._begin_step()
@@ -483,15 +486,19 @@ class RayPPOTrainer(TrainerGeneration, TrainerCheckpointing, TrainerProfiling, G
                     break
                 metrics = self._finish_step(batch, step)
                 self._data_hooks(batch)
+                filtered = metrics.pop(FILTERED_REWARD_TABLE_KEY, None)  # dynamic sampling's dropped groups
+                if filtered:
+                    filtered_table.log(self._logger_names(), filtered, self.global_steps)
                 tracker.log(metrics, step=self.global_steps)
                 progress.update(1)
+            exit_code = 0
         except BaseException as error:  # a dead worker is named (role, rank, node), whoever noticed it first
             raise_if_workers_died(self._groups_by_role(), error)
             raise
         finally:
             self.rollout_source.close()
             progress.close()
-            tracker.finish()
+            tracker.finish(exit_code=exit_code)
 
     @contextlib.contextmanager
     def _stage(self, name: str, timing: dict[str, float]) -> Iterator[None]:

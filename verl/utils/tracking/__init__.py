@@ -1,8 +1,9 @@
 """Metric sinks behind one small interface, chosen by ``trainer.logger`` (veRL's ``Tracking``).
 
 ``Tracking(project_name, experiment_name, default_backend, config)`` opens the named backends, ``log(data, step)``
-sends a step's metrics to all of them (numpy scalars and 0-d tensors become floats), ``finish()`` closes them
-(calling it again does nothing). The resolved ``config`` is logged once, at start-up / step 0:
+sends a step's metrics to all of them (numpy scalars and 0-d tensors become floats), ``finish(exit_code=None)``
+closes them (calling it again does nothing; a non-zero ``exit_code`` marks the wandb / mlflow run failed). The
+resolved ``config`` is logged once, at start-up / step 0:
 
 - ``console``: ``step:N - key:value - ...`` lines through the ``verl.console`` logger; the config as YAML (INFO).
 - ``file``: veRL's jsonl at ``$VERL_FILE_LOGGER_PATH`` or ``<project>/<experiment>.jsonl``, one
@@ -23,11 +24,19 @@ missing one fails when ``Tracking`` is built (before training) with a message na
 Backends veRL has that are not shipped here (swanlab, clearml, trackio, vemlp_wandb) and unknown names are
 refused the same way, listing the available ones. :func:`register_tracker` adds a backend.
 
-:class:`ValidationGenerationsLogger` logs validation samples; see :mod:`verl.utils.tracking.validation`.
+:class:`ValidationGenerationsLogger` logs validation samples (:mod:`verl.utils.tracking.validation`);
+:class:`DapoFilteredRewardTableLogger` dynamic sampling's dropped groups (:mod:`verl.utils.tracking.tables`).
 """
 
 from verl.utils.tracking import backends as _backends  # noqa: F401 - registers tensorboard, wandb, mlflow
 from verl.utils.tracking.core import Tracking, available_backends, register_tracker
+from verl.utils.tracking.tables import DapoFilteredRewardTableLogger
 from verl.utils.tracking.validation import ValidationGenerationsLogger
 
-__all__ = ["Tracking", "ValidationGenerationsLogger", "available_backends", "register_tracker"]
+__all__ = [
+    "DapoFilteredRewardTableLogger",
+    "Tracking",
+    "ValidationGenerationsLogger",
+    "available_backends",
+    "register_tracker",
+]

@@ -1,4 +1,4 @@
-"""The optional backends: ``tensorboard``, ``wandb`` and ``mlflow`` (the ``trackers`` extra).
+"""The optional backends: ``tensorboard``, ``wandb`` and ``mlflow`` (the ``trackers`` extra), and ``trackio``.
 
 Each imports its package only when it is opened; :class:`~verl.utils.tracking.core.Tracking` checks the packages
 named in ``requires`` before opening any backend, so a missing one fails at start-up.
@@ -18,6 +18,7 @@ from verl.utils.tracking.core import config_text, flatten_config, is_number, reg
 __all__ = [
     "MlflowLogger",
     "TensorboardLogger",
+    "TrackioLogger",
     "WandbLogger",
     "default_mlflow_uri",
     "mlflow_key",
@@ -108,11 +109,11 @@ class WandbLogger:
     def log(self, data: Mapping[str, Any], step: int) -> None:
         self.run.log(dict(data), step=step)
 
-    def finish(self) -> None:
+    def finish(self, exit_code: int | None = None) -> None:
         if not self._open:
             return
         self._open = False
-        self.run.finish()
+        self.run.finish(exit_code=exit_code)
         import wandb
 
         if wandb.run is None:  # stop wandb's service now rather than in an atexit hook (which, in a Ray actor,
@@ -229,14 +230,42 @@ class MlflowLogger:
         if metrics:
             mlflow.log_metrics(metrics, step=step, run_id=self.run_id)
 
-    def finish(self) -> None:
+    def finish(self, exit_code: int | None = None) -> None:
         if not self._open:
             return
         self._open = False
         import mlflow
 
+        status = "FAILED" if exit_code else "FINISHED"
         active = mlflow.active_run()
         if active is not None and active.info.run_id == self.run_id:
-            mlflow.end_run()
+            mlflow.end_run(status=status)
         else:
-            mlflow.MlflowClient().set_terminated(self.run_id)
+            mlflow.MlflowClient().set_terminated(self.run_id, status=status)
+
+
+# --------------------------------------------------------------------------------------------- trackio
+@register_tracker("trackio")
+class TrackioLogger:
+    """``trackio.init(project, name=experiment, config=config)`` unless a trackio run is already open in this process
+    (then it logs into that one); trackio stores runs locally (``TRACKIO_DIR``) and serves them with
+    ``trackio show``. Not in the ``trackers`` extra: ``pip install trackio``."""
+
+    requires = (("trackio", "trackio"),)
+
+    def __init__(self, project_name: str, experiment_name: str, config: Any = None) -> None:
+        import trackio
+        from trackio import context_vars
+
+        self.trackio = trackio
+        if context_vars.current_run.get() is None:
+            trackio.init(project=project_name, name=experiment_name, config=config)
+
+    def log(self, data: Mapping[str, Any], step: int) -> None:
+        self.trackio.log(dict(data), step=step)
+
+    def finish(self) -> None:
+        from trackio import context_vars
+
+        if context_vars.current_run.get() is not None:
+            self.trackio.finish()

@@ -6,6 +6,7 @@ See the package docstring (:mod:`verl.utils.tracking`) for what each backend wri
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import logging
 import math
@@ -39,7 +40,7 @@ _BACKENDS: dict[str, Callable[..., Any]] = {}
 # Names veRL accepts for a backend shipped here under another name (deprecated there too).
 _ALIASES = {"tracking": "wandb"}
 # Backends veRL knows that this library does not ship.
-_NOT_SHIPPED = ("swanlab", "clearml", "trackio", "vemlp_wandb")
+_NOT_SHIPPED = ("swanlab", "clearml", "vemlp_wandb")
 # The most recently opened instance of each backend, while it is open (for ValidationGenerationsLogger).
 _LIVE: dict[str, Any] = {}
 
@@ -255,18 +256,23 @@ class Tracking:
             if wanted is None or name in wanted:
                 sink.log(clean, step)
 
-    def finish(self) -> None:
-        """Close every backend; later calls do nothing. A backend that fails to close is logged, not raised."""
-        if getattr(self, "_closed", False):
+    def finish(self, exit_code: int | None = None) -> None:
+        """Close every backend once (later calls do nothing); ``exit_code`` (non-zero: the run failed) goes to the
+        backends that record it (wandb's run exit code, mlflow's run status). A backend that fails to close is
+        logged, not raised."""
+        if getattr(self, "_finished", False):
             return
-        for name, sink in list(self.loggers.items()):
+        self._finished = True
+        for name, sink in list(self.logger.items()):
             try:
-                sink.finish()
+                if exit_code is not None and "exit_code" in inspect.signature(sink.finish).parameters:
+                    sink.finish(exit_code=exit_code)
+                else:
+                    sink.finish()
             except Exception:  # noqa: BLE001 - one broken sink must not keep the others open
                 logger.exception("closing the %r tracker failed", name)
             if _LIVE.get(name) is sink:
                 del _LIVE[name]
-        self._closed = True
 
 
 def _resolve_names(names: list[str]) -> list[str]:

@@ -2,11 +2,12 @@
 
 Per backend named in ``trainer.logger``: ``wandb`` logs a ``val/generations`` table whose rows accumulate across
 steps (one row per step: ``step, input_1, output_1, score_1, ...``), ``tensorboard`` a markdown table as text
-``val/generations`` at the step, ``mlflow`` the artifact ``val_generations/step_<N>.json``, ``console`` the
-samples through logging, and ``file`` a ``{"step": N, "val_generations": [...]}`` line in
-``<file logger path without .jsonl>.val_generations.jsonl`` (by default ``<project>/<experiment>.val_generations
-.jsonl``). wandb and mlflow write into the run that the live ``Tracking`` opened (``wandb.run`` /
-``mlflow.active_run()``); the trainer may build a new logger per validation, so the wandb rows are kept per run.
+``val/generations`` at the step, ``mlflow`` the artifact ``val_generations/step_<N>.json``, ``console`` the samples
+through logging, ``file`` a ``{"step": N, "val_generations": [...]}`` line in ``<file logger path without .jsonl>
+.val_generations.jsonl`` (by default ``<project>/<experiment>.val_generations.jsonl``), and ``trackio`` one chat
+trace (input, output; the score as metadata) per sample under ``val/generations``. wandb and mlflow write into the
+run that the live ``Tracking`` opened (``wandb.run`` / ``mlflow.active_run()``); the trainer may build a new logger
+per validation, so the wandb rows are kept per run.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class ValidationGenerationsLogger:
             "mlflow": self._mlflow,
             "console": self._console,
             "file": self._file,
+            "trackio": self._trackio,
         }
         done: set[str] = set()
         for name in loggers:
@@ -115,6 +117,18 @@ class ValidationGenerationsLogger:
             return
         payload = {"step": step, "samples": [{"input": a, "output": b, "score": c} for a, b, c in rows]}
         mlflow.log_dict(payload, f"val_generations/step_{step:08d}.json", run_id=run.info.run_id)
+
+    def _trackio(self, rows: list[tuple[str, str, Any]], step: int) -> None:
+        trackio = require_package("trackio", "trackio", extra="")
+        traces = [
+            trackio.Trace(
+                messages=[{"role": "user", "content": text_in}, {"role": "assistant", "content": text_out}],
+                metadata={"source": "validation_generations", "sample_index": i, "score": score},
+            )
+            for i, (text_in, text_out, score) in enumerate(rows)
+        ]
+        if traces:
+            trackio.log({"val/generations": traces}, step=step)
 
     def _console(self, rows: list[tuple[str, str, Any]], step: int) -> None:
         log = console_logger()

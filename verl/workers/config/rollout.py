@@ -216,14 +216,16 @@ class CheckpointEngineConfig(BaseConfig):
 
 @dataclass
 class TraceConfig(BaseConfig):
-    """``rollout.trace``: rollout tracing.
+    """``rollout.trace``: rollout tracing (`verl.utils.rollout_trace`): each sample's agent loop, its generate calls
+    and tool calls as one trace.
 
     Args:
-        backend: tracing backend (e.g. "weave" or "mlflow"); None: off.
-        token2text: decode token ids to text in the traces.
-        max_samples_per_step_per_worker: traced samples per step and worker (None: all).
-        project_name: project name in the tracing backend.
-        experiment_name: experiment name in the tracing backend.
+        backend: "mlflow", "weave", "trackio" or "dummy" (attributes only); None: off.
+        token2text: add the decoded prompt and response to the traced outputs.
+        max_samples_per_step_per_worker: prompts traced per step and agent-loop worker, each with all its rollouts
+            (None: all).
+        project_name: project in the tracing backend (default: trainer.project_name).
+        experiment_name: experiment in the tracing backend (default: trainer.experiment_name).
     """
 
     backend: str | None = None

@@ -284,8 +284,9 @@ class FullyAsyncLLMServerClient(LLMServerClient):
             merged.extra_fields.update({k: v for k, v in output.extra_fields.items() if "global_steps" not in k})
             if budget is not None:
                 params[key] = budget - len(merged.token_ids)
-                if params[key] <= 0:
-                    merged.stop_reason = "completed"
+                if params[key] <= 0:  # the budget is spent: done, whatever the last piece's own reason
+                    if merged.stop_reason in ("aborted", "abort"):
+                        merged.stop_reason = "completed"
                     merged.extra_fields["finish_reason"] = "length"
                     break
             if output.stop_reason not in ("aborted", "abort") or not self._retries():

@@ -26,10 +26,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from verl.utils.tracking.tables import FILTERED_REWARD_TABLE_KEY
+
 __all__ = ["DAPO_FILTERED_REWARD_COUNTS_KEY", "MetricsAggregator"]
 
 #: veRL 0.10's table of how many filtered groups had each value of the filter metric
-DAPO_FILTERED_REWARD_COUNTS_KEY = "training/filter_groups/filtered_reward_counts"
+DAPO_FILTERED_REWARD_COUNTS_KEY = FILTERED_REWARD_TABLE_KEY
 
 _SUMMED = frozenset(
     f"{split}/{name}"
