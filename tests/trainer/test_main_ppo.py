@@ -288,6 +288,7 @@ def test_dapo_dynamic_sampling_trains_on_informative_groups_only(cli_runs):
             s["training/filter_groups/discarded_surplus_samples"],
         )
         assert evicted + 16 + surplus == 16 * s["train/num_gen_batches"] and surplus >= 0
+        assert "training/filter_groups/filtered_reward_counts" not in s  # a wandb table, not a scalar metric
     for step in (1, 2):
         rows = read_jsonl(work / "rollouts" / f"{step}.jsonl")
         assert len(rows) == 16 * 4  # a full training batch, whatever the number of generation batches

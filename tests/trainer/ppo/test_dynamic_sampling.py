@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 
 from verl.protocol import DataProto
 from verl.trainer.ppo.dynamic_sampling import StepState, accumulate_groups
+from verl.utils.tracking.tables import FILTERED_REWARD_TABLE_KEY
 
 
 def config(metric: str = "acc", train_batch_size: int = 3, max_num_gen_batches: int = 0):
@@ -50,6 +51,9 @@ def test_groups_accumulate_until_the_batch_is_full():
     assert out.non_tensor_batch["uid"].tolist() == ["a1", "a1", "b0", "b0", "b1", "b1"]
     assert out.batch["token_level_scores"][:, -1].tolist() == [0, 1, 0, 1, 1, 0]
     assert step.metrics["train/num_gen_batches"] == 2
+    assert step.metrics["training/filter_groups/evicted_samples"] == 2
+    # the dropped groups by their shared value: wandb's table (the trainer pops it before the scalar metrics)
+    assert step.metrics[FILTERED_REWARD_TABLE_KEY] == {1.0: 1, 0.0: 1}
 
 
 def test_sequence_reward_metric_and_single_sample_groups():
