@@ -265,7 +265,7 @@ class Tracking:
         self._finished = True
         for name, sink in list(self.logger.items()):
             try:
-                if exit_code is not None and "exit_code" in inspect.signature(sink.finish).parameters:
+                if exit_code is not None and _accepts(sink.finish, exit_code=exit_code):
                     sink.finish(exit_code=exit_code)
                 else:
                     sink.finish()
@@ -273,6 +273,15 @@ class Tracking:
                 logger.exception("closing the %r tracker failed", name)
             if _LIVE.get(name) is sink:
                 del _LIVE[name]
+
+
+def _accepts(fn: Callable, **kwargs: Any) -> bool:
+    """Whether ``fn`` takes these keyword arguments (by name or through ``**kwargs``)."""
+    try:
+        inspect.signature(fn).bind(**kwargs)
+    except TypeError:
+        return False
+    return True
 
 
 def _resolve_names(names: list[str]) -> list[str]:
