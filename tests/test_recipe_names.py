@@ -133,31 +133,6 @@ def test_position_ids_from_a_left_padded_mask():
     assert compute_position_id_with_mask(mask).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 3]]
 
 
-def test_rollout_trace_is_off_and_refuses_a_backend():
-    from verl.utils.rollout_trace import RolloutTraceConfig, rollout_trace_attr, rollout_trace_op
-
-    RolloutTraceConfig.reset()
-    with pytest.raises(NotImplementedError, match="rollout.trace.backend='weave'"):
-        RolloutTraceConfig.init("p", "e", backend="weave")
-    RolloutTraceConfig.init("p", "e", backend=None, token2text=True)
-    assert RolloutTraceConfig.get_backend() is None and RolloutTraceConfig.enable_token2text()
-
-    class Loop:
-        @rollout_trace_op
-        async def run(self, x: int) -> int:
-            return x + 1
-
-        @rollout_trace_op
-        def step(self, x: int) -> int:
-            return x * 2
-
-    with rollout_trace_attr(sample_index=0, step=1, rollout_n=0, trace=False):
-        assert asyncio.run(Loop().run(1)) == 2
-    assert Loop().step(3) == 6
-    assert Loop.run.__name__ == "run"
-    RolloutTraceConfig.reset()
-
-
 def test_message_and_finish_reason():
     from verl.tools.schemas import ToolResponse
     from verl.workers.rollout.schemas import FinishReasonTypeEnum, Message

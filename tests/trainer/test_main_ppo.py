@@ -86,6 +86,7 @@ def test_demo_learns_out_of_the_box(cli_runs):
 
 
 KEEP_ZERO_ADV = "actor_rollout_ref.actor.skip_zero_advantage_samples=false"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @cli_run("demo_old_log_prob_pass", cost_s=40)
@@ -152,10 +153,45 @@ def test_skipping_zero_advantage_samples_keeps_the_first_update(cli_runs):
         assert value == (pytest.approx(expected, rel=1e-5, abs=1e-7) if isinstance(value, float) else expected), key
 
 
+HOOKS_LIB = '''
+"""A trainer mode of a user's own (trainer.v1.trainer_mode=hooked_sync): each of veRL's hooks logs itself."""
+import os
+
+from verl.trainer.ppo.v1 import HOOKS, PPOTrainer, register_trainer
+
+
+def _logged(name):
+    def hook(self):
+        with open(os.environ["HOOKS_LOG"], "a") as f:
+            f.write(f"{name} {self.global_steps}\\n")
+        return {"hooks/prepared_at": float(self.global_steps)} if name == "prepare_step" else None
+
+    return hook
+
+
+@register_trainer("hooked_sync")
+class HookedTrainer(PPOTrainer):
+    rollout_mode = "sync"
+
+
+for _name in HOOKS:
+    setattr(HookedTrainer, _name, _logged(_name))
+'''
+
+
 @cli_run("validation", cost_s=45, own_cluster="asserts the thread count run_ppo picks for a cluster of its own")
 def prepare_validation(work: Path) -> Prepared:
-    """Validation before training and at the last step, 4 samples at temperature 1, with the dumps."""
+    """Validation before training and at the last step, 4 samples at temperature 1, with the dumps; the trainer is
+    a mode of the user's own, registered by an external lib, whose hooks log themselves."""
+    (work / "hooks_lib.py").write_text(HOOKS_LIB)
+    env = {
+        "OMP_NUM_THREADS": None,  # the suite sets it (conftest): this run shows the default
+        "HOOKS_LOG": str(work / "hooks.log"),
+        "PYTHONPATH": os.pathsep.join([str(work), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
     return [
+        "actor_rollout_ref.model.external_lib=hooks_lib",
+        "trainer.v1.trainer_mode=hooked_sync",
         "trainer.total_training_steps=2",
         "trainer.val_before_train=true",
         "trainer.test_freq=2",
@@ -166,7 +202,7 @@ def prepare_validation(work: Path) -> Prepared:
         "trainer.log_val_generations=3",
         f"trainer.rollout_data_dir={work / 'rollouts'}",
         f"trainer.validation_data_dir={work / 'val'}",
-    ], {"OMP_NUM_THREADS": None}  # the suite sets it (conftest): this run shows the default
+    ], env
 
 
 @needs("validation")
@@ -206,6 +242,22 @@ def test_validation_metrics_generations_and_dumps(cli_runs):
         assert len(rows) == 16 * 4 and "acc" in rows[0] and rows[0]["step"] == step
         assert sum(r["score"] for r in rows) / len(rows) == pytest.approx(by_step[step]["critic/score/mean"], abs=1e-5)
         assert "timing_s/dump_rollout_generations" in by_step[step]
+
+
+@needs("validation")
+def test_a_registered_trainer_mode_runs_with_veRLs_hooks_in_order(cli_runs):
+    code, output, records, work = cli_runs["validation"]
+    assert code == 0, output[-3000:]
+    events = (work / "hooks.log").read_text().split("\n")[:-1]
+    step = ["on_step_begin", "prepare_step", "on_sample_begin", "on_sample_end"]
+    validate = ["on_validate_begin", "on_validate_end"]
+    expected = ["on_init_end", "on_train_begin", *validate]
+    expected = [f"{e} 0" for e in expected]
+    expected += [f"{e} 1" for e in [*step, "on_step_end"]]
+    expected += [f"{e} 2" for e in [*step, *validate, "on_step_end", "on_train_end"]]
+    assert events == expected
+    steps = {r["step"]: r["data"] for r in records if r.get("data") and "hooks/prepared_at" in r["data"]}
+    assert {s: d["hooks/prepared_at"] for s, d in steps.items()} == {1: 1.0, 2: 2.0}  # prepare_step's metrics
 
 
 @cli_run("val_only", cost_s=35)

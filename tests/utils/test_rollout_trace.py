@@ -50,6 +50,7 @@ async def test_without_a_backend_or_with_dummy_ops_run_unchanged():
         with pytest.raises(ValueError, match="negative"):
             loop.step(-1)
         assert loop.calls == [(4, 2)] and RolloutTraceConfig.get_client() is None
+    assert Loop.run.__name__ == "run" and Loop.step.__qualname__ == "Loop.step"  # functools.wraps
 
 
 def test_bad_settings_are_named():

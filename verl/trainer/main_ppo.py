@@ -20,7 +20,7 @@ import hydra
 import ray
 from omegaconf import DictConfig, OmegaConf
 
-from verl.trainer.config.layout import resolve_layout, rollout_pool, trainer_mode
+from verl.trainer.config.layout import resolve_layout, rollout_pool, trainer_mode, trainer_mode_name
 from verl.trainer.config.validate import rollout_pool_size, validate_config, world_size
 from verl.trainer.constants_ppo import ppo_worker_env
 from verl.utils.ray_utils import cpu_threads_per_worker, required_logical_cpus
@@ -133,7 +133,8 @@ class TaskRunner:
     """
 
     #: the trainer class ``run`` builds (a recipe's runner may name its ``RayPPOTrainer`` subclass here instead of
-    #: rewriting ``run``); None: ``RayPPOTrainer``
+    #: rewriting ``run``); None: the class of ``trainer.v1.trainer_mode`` (``get_trainer_cls``: ``RayPPOTrainer``
+    #: for the built-in modes)
     trainer_class: type | None = None
 
     def __init__(self) -> None:
@@ -218,8 +219,8 @@ class TaskRunner:
         in_actor = ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", force=in_actor)
 
-        from verl.trainer.ppo.ray_trainer import RayPPOTrainer
         from verl.trainer.ppo.reward import load_reward_fns
+        from verl.trainer.ppo.v1 import get_trainer_cls
         from verl.utils.dataset.rl_dataset import collate_fn, create_rl_dataset, create_rl_sampler
 
         OmegaConf.resolve(config)
@@ -235,7 +236,7 @@ class TaskRunner:
             if config.data.val_files
             else None
         )
-        trainer = (self.trainer_class or RayPPOTrainer)(
+        trainer = (self.trainer_class or get_trainer_cls(trainer_mode_name(config)))(
             config,
             tokenizer,
             self.role_worker_mapping,

@@ -189,10 +189,19 @@ def migrate_legacy_reward_impl(config: DictConfig) -> DictConfig:
     return config
 
 
-def trainer_mode(config: Any) -> str:
-    """The run's trainer mode: ``trainer.v1.trainer_mode`` (:func:`resolve_layout` wrote it; a config that never
-    went through it and has no ``trainer.v1`` section is read at ``trainer.mode``); ``sync`` if neither is set."""
+def trainer_mode_name(config: Any) -> str:
+    """The run's trainer mode as written: ``trainer.v1.trainer_mode`` (:func:`resolve_layout` wrote it; a config
+    that never went through it and has no ``trainer.v1`` section is read at ``trainer.mode``); ``sync`` if neither
+    is set. A mode added with ``register_trainer`` keeps its own name here."""
     if not OmegaConf.is_config(config):
         config = OmegaConf.create(config)
     mode = OmegaConf.select(config, "trainer.v1.trainer_mode", default=None)
     return mode or OmegaConf.select(config, "trainer.mode", default=None) or "sync"
+
+
+def trainer_mode(config: Any) -> str:
+    """The built-in schedule the run's trainer mode runs on (``sync``, ``colocate_async``, ``separate_async``): the
+    mode itself, or a registered mode's ``rollout_mode`` (:mod:`verl.trainer.ppo.v1.trainer_base`)."""
+    from verl.trainer.ppo.v1.trainer_base import rollout_mode_of
+
+    return rollout_mode_of(trainer_mode_name(config))

@@ -34,11 +34,12 @@ from verl.trainer.config.derived import (
     uses_bypass_mode,
 )
 from verl.trainer.config.errors import ConfigError
-from verl.trainer.config.layout import resolve_layout, rollout_pool, trainer_mode
+from verl.trainer.config.layout import resolve_layout, rollout_pool, trainer_mode, trainer_mode_name
 from verl.trainer.config.schema import PLUS_KEYS, extend_schema, running_schema
 from verl.trainer.config.unread import report_unread
 from verl.trainer.config.validate_async import check_async_training
 from verl.trainer.config.validate_lora import check_lora
+from verl.trainer.ppo.v1.trainer_base import registered_trainers
 from verl.workers.config import ActorConfig, CriticConfig, HFModelConfig, RefConfig, RolloutConfig
 from verl.workers.config.rollout import ROLLOUT_MODES
 
@@ -48,7 +49,6 @@ logger = logging.getLogger(__name__)
 
 BASE_YAML = CONFIG_DIR / "ppo_trainer.yaml"
 TARGET = "_target_"
-TRAINER_MODES = ("sync", "colocate_async", "separate_async")
 
 
 def base_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
@@ -185,9 +185,9 @@ def _sizes(config: Any, problems: list[str]) -> None:
 
 
 def _trainer(config: Any, problems: list[str]) -> None:
-    mode = trainer_mode(config)
-    if mode not in TRAINER_MODES:
-        problems.append(f"trainer.v1.trainer_mode={mode!r}; use one of {list(TRAINER_MODES)}")
+    mode = trainer_mode_name(config)
+    if mode not in registered_trainers():  # a mode of register_trainer: its module imported (model.external_lib)
+        problems.append(f"trainer.v1.trainer_mode={mode!r}; use one of {registered_trainers()}")
     engine = config.get("model_engine", "dp")
     if engine != "dp":
         built = "not built yet" if engine == "megatron" else "not available here"

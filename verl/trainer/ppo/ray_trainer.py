@@ -68,6 +68,7 @@ from verl.trainer.ppo.utils import (
     need_critic,
     need_reference_policy,
 )
+from verl.trainer.ppo.v1.trainer_base import TrainerHooks
 from verl.trainer.ppo.validation import GenerationDumps, ValidationSamples
 from verl.utils.import_utils import import_external_libs
 from verl.utils.profiler import marked_timer
@@ -91,7 +92,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-class RayPPOTrainer(TrainerGeneration, TrainerCheckpointing, TrainerProfiling, GenerationDumps):
+class RayPPOTrainer(TrainerHooks, TrainerGeneration, TrainerCheckpointing, TrainerProfiling, GenerationDumps):
     """The driver: owns the data, the reward function and the worker groups, and runs the training loop.
 
     Args:
@@ -165,7 +166,7 @@ class RayPPOTrainer(TrainerGeneration, TrainerCheckpointing, TrainerProfiling, G
         logger.info("zero-advantage samples: %s", f"kept ({why_kept})" if why_kept else "skipped in the update")
         self.state = TrainerState(kl_ctrl=self.kl_ctrl_in_reward, dataloader=self.train_dataloader)
         self.rollout_filter = self._create_rollout_filter()
-        self.rollout_source = get_rollout_source_class(trainer_mode(self.config))(self)
+        self.rollout_source = get_rollout_source_class(self.rollout_mode or trainer_mode(self.config))(self)
         self.state.source = self.rollout_source
         self.prompts: PromptStream | None = None  # the training prompts, from fit(); a recipe's fit() reads the loader
 
@@ -294,6 +295,7 @@ class RayPPOTrainer(TrainerGeneration, TrainerCheckpointing, TrainerProfiling, G
         if self.config.actor_rollout_ref.rollout.get("skip_rollout", False):
             RolloutSkip(self.config, self.async_rollout_manager).wrap_generate_sequences()
         logger.info("placement: %s", "; ".join(placement(self._groups_by_role())))
+        self.on_init_end()
 
     def _create_rollout_manager(self) -> None:
         """``self.async_rollout_manager`` over ``self.rollout_wg`` (it only starts its agent-loop workers; nothing
@@ -425,6 +427,13 @@ class RayPPOTrainer(TrainerGeneration, TrainerCheckpointing, TrainerProfiling, G
         and dumps to ``trainer.validation_data_dir``."""
         if self.val_dataloader is None or self.val_reward_fn is None:
             return {}
+        self.on_validate_begin()
+        try:
+            return self._validate_all()
+        finally:
+            self.on_validate_end()
+
+    def _validate_all(self) -> dict[str, float]:
         trainer = self.config.trainer
         n = self.config.actor_rollout_ref.rollout.val_kwargs.n
         samples = ValidationSamples()
@@ -466,25 +475,30 @@ class RayPPOTrainer(TrainerGeneration, TrainerCheckpointing, TrainerProfiling, G
         )
         self._load_checkpoint()
         self.prompts = PromptStream(self.train_dataloader, self.state, trainer.total_epochs)
-        if trainer.val_before_train or trainer.val_only:
-            tracker.log(self._validate(), step=self.global_steps)
-        if trainer.val_only or self.global_steps >= self.total_training_steps:
-            logger.info("not training: %s", "trainer.val_only=True" if trainer.val_only else "all steps are done")
-            tracker.finish()
-            return
         progress = tqdm(
             total=self.total_training_steps, initial=self.global_steps, desc="Training Progress", dynamic_ncols=True
         )
         filtered_table = DapoFilteredRewardTableLogger(trainer.project_name, trainer.experiment_name)
         exit_code = 1
+        self.on_train_begin()
         try:
-            while self.global_steps < self.total_training_steps:
+            if trainer.val_before_train or trainer.val_only:
+                tracker.log(self._validate(), step=self.global_steps)
+            if trainer.val_only or self.global_steps >= self.total_training_steps:
+                logger.info("not training: %s", "trainer.val_only=True" if trainer.val_only else "all steps are done")
+            while not trainer.val_only and self.global_steps < self.total_training_steps:
                 step = self._begin_step()
+                self.on_step_begin()
+                prepared = self.prepare_step()
+                self.on_sample_begin()
                 batch = self.rollout_source.next_batch(step)
+                self.on_sample_end()
                 if batch is None:  # the data ran out
                     self._end_step(step)
                     break
                 metrics = self._finish_step(batch, step)
+                self.on_step_end()
+                metrics.update(prepared)
                 self._data_hooks(batch)
                 filtered = metrics.pop(FILTERED_REWARD_TABLE_KEY, None)  # dynamic sampling's dropped groups
                 if filtered:
@@ -498,6 +512,7 @@ class RayPPOTrainer(TrainerGeneration, TrainerCheckpointing, TrainerProfiling, G
         finally:
             self.rollout_source.close()
             progress.close()
+            self.on_train_end()
             tracker.finish(exit_code=exit_code)
 
     @contextlib.contextmanager

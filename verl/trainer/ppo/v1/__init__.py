@@ -1,11 +1,48 @@
 """veRL 0.10's V1 trainer package, at its import path.
 
-Here: the pieces of its step that stand alone (`MetricsAggregator`, `compute_advantage_for_multi_trajectories`).
-The trainer modes themselves are ``trainer.v1.trainer_mode`` (``sync``, ``colocate_async``, ``separate_async``) of
-the one trainer, `verl.trainer.ppo.ray_trainer.RayPPOTrainer`; veRL 0.10's ``PPOTrainer`` class hierarchy, its
-replay buffer and the transfer-queue agent loops are not built yet.
+``PPOTrainer`` is the one trainer (:class:`~verl.trainer.ppo.ray_trainer.RayPPOTrainer`) with veRL's hooks
+(:mod:`verl.trainer.ppo.v1.trainer_base`); ``trainer.v1.trainer_mode`` (``sync``, ``colocate_async``,
+``separate_async``, or a mode added with ``@register_trainer``) picks the class through ``get_trainer_cls``. Also
+here: the pieces of the V1 step that stand alone (`MetricsAggregator`, `compute_advantage_for_multi_trajectories`).
+veRL 0.10's replay buffer and the transfer-queue agent loops are not built yet.
+
+The heavier names load on first use, so the driver's config validation (which reads the mode registry) stays light.
 """
 
-from verl.trainer.ppo.v1.utils import MetricsAggregator, compute_advantage_for_multi_trajectories
+import importlib
+from typing import Any
 
-__all__ = ["MetricsAggregator", "compute_advantage_for_multi_trajectories"]
+from verl.trainer.ppo.v1.trainer_base import (
+    HOOKS,
+    TrainerHooks,
+    get_trainer_cls,
+    register_trainer,
+    registered_trainers,
+)
+
+_LAZY = {
+    "PPOTrainer": ("verl.trainer.ppo.ray_trainer", "RayPPOTrainer"),
+    "MetricsAggregator": ("verl.trainer.ppo.v1.metrics", "MetricsAggregator"),
+    "compute_advantage_for_multi_trajectories": (
+        "verl.trainer.ppo.v1.multi_trajectory",
+        "compute_advantage_for_multi_trajectories",
+    ),
+}
+
+__all__ = [
+    "HOOKS",
+    "MetricsAggregator",
+    "PPOTrainer",
+    "TrainerHooks",
+    "compute_advantage_for_multi_trajectories",
+    "get_trainer_cls",
+    "register_trainer",
+    "registered_trainers",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
