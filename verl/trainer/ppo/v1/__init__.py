@@ -4,7 +4,9 @@
 (:mod:`verl.trainer.ppo.v1.trainer_base`); ``trainer.v1.trainer_mode`` (``sync``, ``colocate_async``,
 ``separate_async``, or a mode added with ``@register_trainer``) picks the class through ``get_trainer_cls``. Also
 here: the pieces of the V1 step that stand alone (`MetricsAggregator`, `compute_advantage_for_multi_trajectories`).
-veRL 0.10's replay buffer and the transfer-queue agent loops are not built yet.
+:mod:`verl.trainer.ppo.v1.replay_buffer` holds veRL's replay-buffer semantics (``ReplayBuffer``,
+``ReplayBufferAsync``) as a component the modes do not sample from yet; the transfer-queue agent loops are not
+built.
 
 The heavier names load on first use, so the driver's config validation (which reads the mode registry) stays light.
 """

@@ -140,3 +140,13 @@ def rollout_mode_of(name: str) -> str:
     """The built-in schedule mode ``name`` runs on (``name`` itself for a built-in or an unknown name)."""
     cls = _TRAINERS.get(name)
     return cls.rollout_mode if cls is not None else name
+
+
+def __getattr__(name: str) -> Any:
+    # veRL's import path of the trainer class (``from verl.trainer.ppo.v1.trainer_base import PPOTrainer``); loaded on
+    # use, as the trainer's module imports this one
+    if name == "PPOTrainer":
+        from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+        return RayPPOTrainer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
