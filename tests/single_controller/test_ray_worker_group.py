@@ -108,6 +108,15 @@ class ScaleWorker(Worker):
         dist.barrier()  # the surviving ranks block here on the dead one
         return self.rank
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def die_after_an_echo(self, rank: int) -> int:
+        """Rank ``rank`` dies a moment after the others fail as a collective fails when a peer is gone."""
+        if self.rank != rank:
+            raise RuntimeError("Read error: Connection reset by peer")  # gloo's words when a peer's process ends
+        time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGKILL)
+        return self.rank
+
 
 class DoubleWorker(Worker):
     """A second role, to fuse with ``ScaleWorker``-free roles in one process."""
@@ -303,6 +312,18 @@ def test_killed_worker_is_an_error_naming_group_rank_and_method(ray_cluster):
             raise_if_workers_died({"scale": group, "absent": None}, e.value)
         assert report.value.__cause__ is e.value
         assert "rank 0" not in str(report.value).split("(First seen")[0]  # the living rank is not reported
+    finally:
+        group.shutdown()
+        pool.release()
+
+
+def test_a_peers_error_before_a_death_is_reported_as_the_death(ray_cluster):
+    group, pool = make_group(ScaleWorker, 2, 1.0, name_prefix="echo")
+    try:
+        # rank 1's error reaches the driver first; the group waits for rank 0 and names its death, chained to it
+        with pytest.raises(WorkerDiedError, match=r"'echo': rank 0 .*died while running 'die_after_an_echo'") as e:
+            group.die_after_an_echo(0)
+        assert "Connection reset by peer" in str(e.value) and e.value.__cause__ is not None
     finally:
         group.shutdown()
         pool.release()

@@ -53,6 +53,8 @@ GROUP_ENV_VARS = (
     "WG_BACKEND",
 )
 DEFAULT_PLACEMENT_GROUP_TIMEOUT_S = float(os.getenv("VERL_PLACEMENT_GROUP_TIMEOUT_S", "60"))
+# how long a failed collective call waits for the other ranks, to name one that died as the cause
+PEER_DEATH_WAIT_S = 10.0
 
 
 class WorkerDiedError(RuntimeError):
@@ -561,10 +563,31 @@ class RayWorkerGroup(WorkerGroup):
                         f"{self._where(rank)}) died while running {method_name!r}: {e}"
                     ) from e
                 except RayTaskError as e:
+                    self._raise_if_a_peer_died(pending, position, ranks, method_name, e)
                     if hasattr(e, "add_note"):
                         e.add_note(f"(worker group {self.name_prefix!r}, rank {rank}, method {method_name!r})")
                     raise
         return results[0] if single else results
+
+    def _raise_if_a_peer_died(
+        self, pending: list[Any], position: dict[Any, int], ranks: list[int], method_name: str, error: BaseException
+    ) -> None:
+        """A rank's error in a collective (gloo: "connection reset by peer") is often the echo of another rank's
+        death: give the other ranks' calls ``PEER_DEATH_WAIT_S`` to end, and name a rank that died as the cause."""
+        seen = getattr(error, "cause", None) or error  # a RayTaskError's own text starts with Ray's task header
+        seen_text = f"{type(seen).__name__}: {(str(seen).splitlines() or [''])[0]}"
+        ended, _ = ray.wait(pending, num_returns=len(pending), timeout=PEER_DEATH_WAIT_S) if pending else ([], [])
+        for ref in ended:
+            rank = ranks[position[ref]]
+            try:
+                ray.get(ref)
+            except RayActorError as death:
+                raise WorkerDiedError(
+                    f"worker group {self.name_prefix!r}: rank {rank} ({self._worker_names[rank]}{self._where(rank)}) "
+                    f"died while running {method_name!r} (another rank saw {seen_text}): {death}"
+                ) from error
+            except Exception:  # noqa: BLE001 — another rank's own error; the first one seen is raised
+                continue
 
 
 # fused workers and server methods (their own module; imported here for veRL's import paths)

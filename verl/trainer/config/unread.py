@@ -272,7 +272,8 @@ UNREAD: tuple[Unread, ...] = (
     Unread(
         "algorithm.filter_groups.max_inflight_gen_batches",
         "warn",
-        "dynamic sampling generates one batch after another (veRL 0.10's replay buffer is not built)",
+        "dynamic sampling generates one batch after another (veRL 0.10's replay buffer exists as a component, "
+        "verl.trainer.ppo.v1.replay_buffer, but no trainer mode uses it yet)",
     ),
     Unread("ray_kwargs.timeline_json_file", "warn", "no Ray timeline is written"),
 )
@@ -291,6 +292,7 @@ NAME_USED_ELSEWHERE: frozenset[str] = frozenset(
         "actor_rollout_ref.rollout.profiler",
         "data.tokenizer",
         "data.trust_remote_code",
+        "algorithm.filter_groups.max_inflight_gen_batches",  # the replay buffer component's argument, not yet wired
         "data.use_shm",  # use_shm is the model sections' key (a shared-memory copy of the model folder)
         # load_contents is read only by FSDPCheckpointManager for a recipe's own model (per-rank files); the
         # trainer's engine-built workers still load model, optimizer and extra state together

@@ -202,5 +202,6 @@ class SyncRolloutSource(RolloutSource):
                 if batch is None:
                     continue
             if trainer._updates_actor():
-                trainer.checkpoint_manager.sleep_replicas()
+                with trainer._stage("gen", step.timing):  # as veRL's: freeing the engines counts as generation
+                    trainer.checkpoint_manager.sleep_replicas()
             return batch
