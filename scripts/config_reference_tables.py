@@ -320,9 +320,20 @@ DESCRIPTIONS |= {
     "trainer.v1.trainer_mode": "How generation and training are scheduled: `sync` (generate, then train, in the same "
     "processes), `colocate_async` or `separate_async` (see trainer_modes.md). `trainer.mode` is its older name.",
     "trainer.v1.sync": "Settings of the sync mode (none).",
-    "trainer.v1.colocate_async.num_warmup_batches": _V1_BUFFER + "Batches dispatched before step 1.",
-    "trainer.v1.separate_async.num_warmup_batches": _V1_BUFFER + "Batches dispatched before step 1.",
-    "trainer.v1.separate_async.parameter_sync_step": _V1_BUFFER + "Optimizer updates (mini-batches) per weight push.",
+    "trainer.v1.colocate_async.num_warmup_batches": "Batches generated ahead of training: the fixed lag, "
+    "`async_training.max_lag` (one setting, two names).",
+    "trainer.v1.separate_async.num_warmup_batches": "Batches generated ahead of training: the fixed lag, "
+    "`async_training.max_lag` (one setting, two names).",
+    "trainer.v1.separate_async.parameter_sync_step": "Optimizer steps (mini-batches) per weight push; when set, "
+    "`data.train_batch_size` must equal it × `ppo_mini_batch_size`. The mini-batches train once the step's whole "
+    "batch is generated (veRL streams them).",
+    "trainer.v1.sampler.schedule": "Ours: how the async modes pick what a step trains. `fixed_lag` (the only one "
+    "built): `async_training.max_lag` batches ahead, each from one weight version, trained in order (reproducible; "
+    "lag 0 equals sync). veRL's replay buffer is not wired into the modes yet.",
+    "trainer.v1.sampler.max_off_policy_threshold": "The oldest group trained, in model versions; the fixed lag L "
+    "(age L + 1) must not pass it (checked at start-up).",
+    "trainer.v1.sampler.max_off_policy_strategy": "`drop` or `wait` for a group past the threshold; under the fixed "
+    "lag none gets there, so both act alike.",
     "model_engine": "Training engine of the roles: `dp` (FSDP). `megatron` is not built yet (refused).",
     "distillation.enabled": "On-policy distillation from teacher models (not built yet: `true` is refused).",
 }
@@ -334,9 +345,11 @@ for _key in (
     "trainer.v1.separate_async.hybrid_rollout.switch_threshold_release_steps",
     "trainer.v1.separate_async.hybrid_rollout.switch_cost_window_size",
 ):
-    DESCRIPTIONS[_key] = _V1_BUFFER + "Lending idle trainer devices to generation between steps."
-for _key in ("max_off_policy_threshold", "max_off_policy_strategy", "sync_refill_failed_groups"):
-    DESCRIPTIONS[f"trainer.v1.sampler.{_key}"] = _V1_BUFFER + "The replay buffer's staleness and refill rules."
+    DESCRIPTIONS[_key] = (
+        "V1 trainer: lending idle trainer devices to generation between steps (not built: `enable_switch=true` is "
+        "refused; the other keys tune it and only warn when set)."
+    )
+DESCRIPTIONS["trainer.v1.sampler.sync_refill_failed_groups"] = _V1_BUFFER + "Replacing failed groups (sync mode)."
 for _key in ("custom_sampler.path", "custom_sampler.name", "sampler_kwargs"):
     DESCRIPTIONS[f"trainer.v1.sampler.{_key}"] = _V1_BUFFER + "A replay buffer class of your own, and its arguments."
 for _key in ("metrics.enabled", "metrics.port", "backend.storage_backend", "backend.SimpleStorage.total_storage_size"):

@@ -222,6 +222,7 @@ def trainer_v1() -> dict[str, Any]:
             },
         },
         "sampler": {
+            "schedule": "fixed_lag",  # ours: how the async modes pick what to train (veRL's replay buffer: not wired)
             "max_off_policy_threshold": 8,
             "max_off_policy_strategy": "drop",
             "sync_refill_failed_groups": False,

@@ -131,7 +131,10 @@ def _colocate_lag1_again(work: Path) -> Prepared:
 
 @cli_run("separate_lag0", cost_s=65)
 def _separate_lag0(work: Path) -> Prepared:
-    return [*COMMON, "trainer.mode=separate_async", "async_training.max_lag=0"], {}
+    """Written in veRL 0.10's keys: no batch generated ahead (the fixed lag 0), one optimizer step per push (16
+    prompts per step, mini-batches of 16)."""
+    v1 = ["trainer.v1.separate_async.num_warmup_batches=0", "trainer.v1.separate_async.parameter_sync_step=1"]
+    return [*COMMON, "trainer.v1.trainer_mode=separate_async", *v1], {}
 
 
 @cli_run("separate_lag1", cost_s=70)

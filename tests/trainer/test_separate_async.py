@@ -49,8 +49,11 @@ def async_runs(cli_runs) -> Succeeded:
 
 @needs("separate_lag0", "sync")
 def test_lag0_equals_sync(async_runs):
-    records = async_runs["separate_lag0"].records
+    """The run is written in veRL 0.10's keys (num_warmup_batches=0, parameter_sync_step=1): lag 0 is sync."""
+    run = async_runs["separate_lag0"]
+    records = run.records
     assert len(logged(records)) == 3
+    assert "parameter_sync_step=1: the step's mini-batches train one after another" in run.output
     assert_same_steps(without_async_only(steps(records)), steps(async_runs["sync"].records))
 
 

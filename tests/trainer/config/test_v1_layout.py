@@ -100,9 +100,10 @@ def test_the_rollout_pool_under_either_name(caplog):
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("trainer.v1.separate_async.parameter_sync_step=2", "parameter_sync_step=2: the V1 trainer's replay buffer"),
-        ("trainer.v1.sampler.max_off_policy_strategy=wait", "max_off_policy_strategy='wait': the V1 trainer's"),
-        ("trainer.v1.colocate_async.num_warmup_batches=2", "num_warmup_batches=2: the V1 trainer's"),
+        ("trainer.v1.sampler.schedule=replay_buffer", "schedule='replay_buffer': veRL's replay-buffer schedule"),
+        ("trainer.v1.sampler.sync_refill_failed_groups=true", "failed groups are not replaced"),
+        ("trainer.v1.sampler.custom_sampler.path=/tmp/s.py", "a sampler class of your own is not loaded"),
+        ("trainer.v1.separate_async.hybrid_rollout.enable_switch=true", "lending the training workers' rollout"),
         ("distillation.enabled=true", "distillation.enabled=True: on-policy distillation is not built yet"),
         ("skip.rollout.enable=true", "skip.rollout.enable=True: veRL 0.10's rollout caching is not built"),
         ("model_engine=megatron", "model_engine='megatron': the megatron engine is not built yet"),
@@ -197,3 +198,39 @@ def test_lora_target_modules_of_the_wrong_type_are_refused_even_without_lora():
 
     with pytest.raises(TypeError, match=r"target_modules=\[1, 2, 3\] must be"):
         HFModelConfig(path="/m", target_modules=[1, 2, 3])
+
+
+SEPARATE_V1 = ["trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.nnodes=1"]
+
+
+def test_veRLs_async_keys_under_the_fixed_lag(caplog):
+    """num_warmup_batches is the fixed lag (async_training.max_lag) under either name; the staleness threshold bounds
+    it; parameter_sync_step, when set, is checked against the batch sizes (8 prompts in mini-batches of 4: 2)."""
+    with caplog.at_level(logging.INFO, logger="verl.trainer.config"):
+        cfg = resolved("trainer.v1.trainer_mode=colocate_async", "trainer.v1.colocate_async.num_warmup_batches=2")
+        assert cfg.async_training.max_lag == 2
+        cfg = resolved(*SEPARATE_V1, "async_training.max_lag=0")  # ours, written back to veRL's name
+        assert cfg.trainer.v1.separate_async.num_warmup_batches == 0
+        validate_config(merged([*VALID, *SEPARATE_V1, "trainer.v1.separate_async.parameter_sync_step=2"]))
+        validate_config(merged([*VALID, "trainer.mode=separate_async"]))  # the older layout: default 4 not checked
+        validate_config(
+            merged([*VALID, "trainer.mode=colocate_async", "trainer.v1.sampler.max_off_policy_strategy=wait"])
+        )
+        resolved("trainer.v1.separate_async.num_warmup_batches=3")  # sync: no effect, said
+    assert "parameter_sync_step=2: the step's mini-batches train one after another" in caplog.text
+    assert "under the fixed lag no group reaches the threshold, so drop and wait act alike" in caplog.text
+    assert "separate_async.num_warmup_batches=3: no effect with trainer.v1.trainer_mode=sync" in caplog.text
+    with pytest.raises(ConfigError, match="are one setting under two names"):
+        resolved(
+            "trainer.mode=colocate_async", "trainer.v1.colocate_async.num_warmup_batches=2", "async_training.max_lag=3"
+        )
+    with pytest.raises(
+        ConfigError, match=r"max_lag=8 .* of age 9, beyond trainer.v1.sampler.max_off_policy_threshold=8"
+    ):
+        validate_config(merged([*VALID, *SEPARATE_V1, "trainer.v1.separate_async.num_warmup_batches=8"]))
+    with pytest.raises(
+        ConfigError, match=r"parameter_sync_step=3: .*train_batch_size=8 .*mini_batch_size=4 .*here 2 optimizer"
+    ):
+        validate_config(merged([*VALID, *SEPARATE_V1, "trainer.v1.separate_async.parameter_sync_step=3"]))
+    with pytest.raises(ConfigError, match=r"max_off_policy_strategy='evict'; use one of \('drop', 'wait'\)"):
+        validate_config(merged([*VALID, "trainer.v1.sampler.max_off_policy_strategy=evict"]))

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.base_config import omega_conf_to_dataclass
 from verl.trainer.config.async_training import AsyncTrainingConfig
-from verl.trainer.config.layout import resolve_layout, trainer_mode
+from verl.trainer.config.layout import ASYNC_MODES, resolve_layout, trainer_mode
 
 __all__ = [
     "ASYNC_MODES",
@@ -52,7 +52,6 @@ def total_training_steps(config: Any, batches_per_epoch: int) -> int:
     return batches_per_epoch * int(config.trainer.total_epochs)
 
 
-ASYNC_MODES = ("colocate_async", "separate_async")
 # the weight push of a mode whose rollout engines live in processes of their own, per configured backend
 RESIDENT_BACKENDS = {"naive": "shm", "shm": "shm"}
 # ... and of a mode whose rollout engines are on a pool of their own (a collective push; naive: gloo, CPU and GPU)

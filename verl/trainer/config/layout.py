@@ -5,8 +5,9 @@ standalone rollout servers with ``actor_rollout_ref.rollout.{nnodes,n_gpus_per_n
 under ``reward.*``. Scripts written for earlier veRL (and for this project before) set ``trainer.mode``, the
 top-level ``rollout.{nnodes,n_gpus_per_node}`` and ``reward_model.*`` / ``reward_manager.*`` /
 ``custom_reward_function.*``; the critic's FSDP settings moved from ``critic.model.fsdp_config`` to
-``critic.fsdp``. Each pair in `ALIASES` is one setting with two names. :func:`resolve_layout` runs on the driver
-before validation (and again, finding nothing to do, where the trainer is built without it):
+``critic.fsdp``; the async modes' prefetch depth, ``trainer.v1.<mode>.num_warmup_batches``, is this project's
+``async_training.max_lag``. Each pair in `ALIASES` is one setting with two names. :func:`resolve_layout` runs on the
+driver before validation (and again, finding nothing to do, where the trainer is built without it):
 
 - the older name set away from its default, the newer one at its default: the value moves to the newer name and a
   start-up warning names both (veRL's ``migrate_legacy_reward_impl``, which veRL's own ``main_ppo`` no longer calls,
@@ -30,7 +31,15 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from verl.trainer.config.errors import ConfigError
 from verl.trainer.config.unread import is_away
 
-__all__ = ["ALIASES", "Alias", "migrate_legacy_reward_impl", "resolve_layout", "rollout_pool", "trainer_mode"]
+__all__ = [
+    "ALIASES",
+    "ASYNC_MODES",
+    "Alias",
+    "migrate_legacy_reward_impl",
+    "resolve_layout",
+    "rollout_pool",
+    "trainer_mode",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -146,6 +155,44 @@ def _resolve_pool(config: DictConfig, base: DictConfig, problems: list[str]) -> 
             _set(config, f"{POOL_NEW}.{k}", old[k])
 
 
+ASYNC_MODES = ("colocate_async", "separate_async")  # the modes that generate ahead of training
+LAG = "async_training.max_lag"
+
+
+def _warmup(mode: str) -> str:
+    return f"trainer.v1.{mode}.num_warmup_batches"
+
+
+def _resolve_warmup(config: DictConfig, base: DictConfig, problems: list[str]) -> None:
+    """``trainer.v1.<mode>.num_warmup_batches`` (veRL 0.10: batches dispatched before step 1, the prefetch depth)
+    is the fixed-lag schedule's ``async_training.max_lag`` (batches generated ahead): one setting, two names. The
+    running async mode's key and ``max_lag`` are resolved as an alias pair (the one set wins, both set and
+    different is an error, and ``max_lag`` is written back to veRL's name); the other mode's key, or either under
+    ``sync``, has no effect (a warning)."""
+    mode = trainer_mode(config)  # a registered mode reads the section of the schedule it runs on
+    for other in ASYNC_MODES:
+        if other != mode and is_away(config, base, _warmup(other)):
+            logger.warning(
+                "%s=%r: no effect with trainer.v1.trainer_mode=%s", _warmup(other), _get(config, _warmup(other)), mode
+            )
+    if mode not in ASYNC_MODES:
+        return
+    key = _warmup(mode)
+    warmup_away, lag_away = is_away(config, base, key), is_away(config, base, LAG)
+    warmup, lag = _get(config, key), _get(config, LAG)
+    if warmup_away and lag_away:
+        if warmup != lag:
+            problems.append(
+                f"{key}={warmup!r} and {LAG}={lag!r} are one setting under two names (the batches generated ahead "
+                f"of training; veRL 0.10's and this project's); set only one"
+            )
+    elif warmup_away:
+        logger.info("%s=%r: the fixed-lag schedule generates that many batches ahead (%s)", key, warmup, LAG)
+        _set(config, LAG, warmup)
+    else:
+        _set(config, key, lag)
+
+
 def rollout_pool(config: Any) -> tuple[int, int]:
     """``(nnodes, n_gpus_per_node)`` of the standalone rollout servers: ``actor_rollout_ref.rollout.*`` when its
     ``nnodes`` > 0 (given, or read from the older names by :func:`resolve_layout`), else the top-level ``rollout.*``
@@ -171,6 +218,7 @@ def resolve_layout(config: DictConfig, base: DictConfig | None = None) -> DictCo
     for alias in ALIASES:
         _resolve(config, base, alias, problems)
     _resolve_pool(config, base, problems)
+    _resolve_warmup(config, base, problems)
     if problems:
         raise ConfigError(problems)
     return config

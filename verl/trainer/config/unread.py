@@ -252,16 +252,32 @@ UNREAD: tuple[Unread, ...] = (
         "warn",
         "there is no transfer queue here: batches move between the trainer and the worker groups as DataProto",
     ),
-    # veRL 0.10's V1 trainer settings that are not built yet (the mode, trainer.v1.trainer_mode, is)
+    # veRL 0.10's V1 trainer settings that are not built yet (the mode, the prefetch depth, the staleness bound and
+    # parameter_sync_step are: verl.trainer.config.validate_v1)
     Unread("trainer.v1.sync", "warn", "trainer.v1.trainer_mode=sync takes no settings"),
+    Unread(
+        "trainer.v1.separate_async.hybrid_rollout",
+        "warn",
+        "the trainer's replicas are not lent to generation (hybrid_rollout.enable_switch is not built)",
+    ),
+    Unread(
+        "trainer.v1.separate_async.hybrid_rollout.enable_switch",
+        "error",
+        "lending the training workers' rollout replicas to the standalone servers' load balancer is not built yet",
+        harmless=(False,),
+    ),
     *(
         Unread(
-            f"trainer.v1.{name}",
+            f"trainer.v1.sampler.{name}",
             "error",
-            "the V1 trainer's replay buffer, warm-up batches and mini-batch streaming are not built yet (the async "
-            "modes bound staleness with async_training.max_lag)",
+            f"veRL's replay buffer is not wired into the trainer modes yet ({why}); trainer.v1.sampler.schedule="
+            "fixed_lag picks each step's batch",
         )
-        for name in ("colocate_async", "separate_async", "sampler")
+        for name, why in (
+            ("sync_refill_failed_groups", "failed groups are not replaced"),
+            ("custom_sampler", "a sampler class of your own is not loaded"),
+            ("sampler_kwargs", "only a custom sampler reads them"),
+        )
     ),
     Unread(
         "skip",
@@ -340,9 +356,8 @@ NAME_USED_ELSEWHERE: frozenset[str] = frozenset(
         "reward.sandbox_fusion",
         # veRL 0.10's names that are this project's words for other things (the modes, the sampler of data.*)
         "trainer.v1.sync",
-        "trainer.v1.colocate_async",
-        "trainer.v1.separate_async",
-        "trainer.v1.sampler",
+        "trainer.v1.sampler.sampler_kwargs",  # the replay buffer component's words
+        "trainer.v1.sampler.sync_refill_failed_groups",
         "skip",
         "distillation",  # need_teacher_policy reads distillation.enabled (refused at start-up when true)
     }

@@ -36,9 +36,10 @@ from verl.trainer.config.derived import (
 from verl.trainer.config.errors import ConfigError
 from verl.trainer.config.layout import resolve_layout, rollout_pool, trainer_mode, trainer_mode_name
 from verl.trainer.config.schema import PLUS_KEYS, extend_schema, running_schema
-from verl.trainer.config.unread import report_unread
+from verl.trainer.config.unread import is_away, report_unread
 from verl.trainer.config.validate_async import check_async_training
 from verl.trainer.config.validate_lora import check_lora
+from verl.trainer.config.validate_v1 import check_v1_trainer
 from verl.trainer.ppo.v1.trainer_base import registered_trainers
 from verl.workers.config import ActorConfig, CriticConfig, HFModelConfig, RefConfig, RolloutConfig
 from verl.workers.config.rollout import ROLLOUT_MODES
@@ -596,6 +597,8 @@ def validate_config(
     _multi_turn(cfg, problems, check_environment)
     _profiler(cfg, problems)
     report_unread(config, problems, base)
+    sync_step_set = is_away(config, base, "trainer.v1.separate_async.parameter_sync_step")
+    check_v1_trainer(cfg, trainer_mode(cfg), problems, parameter_sync_step_set=sync_step_set)
     _estimator(cfg, problems)
     _overlong_buffer(cfg, problems)
     check_lora(cfg, problems, check_environment, base)

@@ -24,7 +24,9 @@ otherwise, as veRL's: ``…/off_policy/evicted_samples`` with ``…/evicted_samp
 (:data:`DAPO_FILTERED_REWARD_COUNTS_KEY`, a dict for wandb's table).
 
 Here the buffer is a component on its own, tested with real producer and consumer threads; the trainer modes do
-not take their batches through it yet, so ``trainer.v1.sampler.*`` stays refused by name at start-up.
+not take their batches through it yet: they run this project's fixed-lag schedule (``trainer.v1.sampler.schedule``,
+:mod:`verl.trainer.config.validate_v1`), and the buffer's own keys (custom samplers, failed-group refills) stay
+refused by name at start-up.
 """
 
 from __future__ import annotations

@@ -1,0 +1,97 @@
+"""veRL 0.10's V1 trainer keys under this project's schedule, checked with the rest of the config by
+:func:`verl.trainer.config.validate.validate_config`.
+
+``trainer.v1.sampler.schedule`` (this project's key) names how the async modes choose what each step trains.
+``fixed_lag``, the only one built, generates ``async_training.max_lag`` batches ahead, each from one weight version,
+and trains them in order: reproducible, and at lag 0 the sync run step for step. veRL's own schedule, a replay
+buffer that samples finished groups and evicts stale ones (:mod:`verl.trainer.ppo.v1.replay_buffer`), is not wired
+into the modes yet. Under ``fixed_lag`` veRL's keys mean:
+
+- ``trainer.v1.<mode>.num_warmup_batches``: the batches generated ahead, i.e. ``async_training.max_lag`` (one
+  setting, two names: :func:`verl.trainer.config.layout.resolve_layout`).
+- ``trainer.v1.sampler.max_off_policy_threshold``: the oldest group trained, in model versions (a group generated
+  L versions back has age L + 1). The fixed lag is checked against it at start-up, so no group ever passes it and
+  ``max_off_policy_strategy`` (``drop`` / ``wait``) never has to act.
+- ``trainer.v1.separate_async.parameter_sync_step``: optimizer steps per weight push. Each step trains
+  ``data.train_batch_size`` prompts in mini-batches of ``ppo_mini_batch_size`` and pushes once, with one π_old for
+  all of them, so when set it must equal their ratio (veRL's rule). The mini-batches train once the whole batch is
+  generated (veRL streams them as they fill; start-up says so). Left at its default it is not checked: the batch
+  sizes of a script written for the older layout decide alone.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from verl.trainer.config.derived import ASYNC_MODES, async_training_config
+
+__all__ = ["SCHEDULES", "STRATEGIES", "check_v1_trainer"]
+
+logger = logging.getLogger(__name__)
+
+SCHEDULES = ("fixed_lag",)
+STRATEGIES = ("drop", "wait")
+NOT_WIRED = {"replay_buffer": "veRL's replay-buffer schedule (sample finished groups, evict stale ones) is not wired"}
+SAMPLER = "trainer.v1.sampler"
+
+
+def _int_at_least(value: Any, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def check_v1_trainer(config: Any, mode: str, problems: list[str], parameter_sync_step_set: bool = True) -> None:
+    """``trainer.v1.sampler.*`` and ``trainer.v1.separate_async.parameter_sync_step`` against the run's schedule
+    ``mode`` (the module docstring); each problem appended to ``problems``. ``parameter_sync_step_set``: whether the
+    run sets ``parameter_sync_step`` (a script of the older layout does not: its batch sizes alone decide)."""
+    sampler = config.trainer.v1.sampler
+    schedule = sampler.get("schedule", "fixed_lag")
+    if schedule not in SCHEDULES:
+        why = NOT_WIRED.get(schedule, "unknown")
+        problems.append(f"{SAMPLER}.schedule={schedule!r}: {why}; use one of {SCHEDULES}")
+    threshold, strategy = sampler.max_off_policy_threshold, sampler.max_off_policy_strategy
+    if not _int_at_least(threshold, 1):
+        problems.append(f"{SAMPLER}.max_off_policy_threshold={threshold!r}: a model-version count, an integer >= 1")
+    if strategy not in STRATEGIES:
+        problems.append(f"{SAMPLER}.max_off_policy_strategy={strategy!r}; use one of {STRATEGIES}")
+    if mode in ASYNC_MODES and _int_at_least(threshold, 1):
+        lag = async_training_config(config).max_lag
+        if lag + 1 > threshold:
+            problems.append(
+                f"async_training.max_lag={lag} (trainer.v1.{mode}.num_warmup_batches) trains groups generated {lag} "
+                f"weight versions back, of age {lag + 1}, beyond {SAMPLER}.max_off_policy_threshold={threshold}; "
+                f"lower the lag or raise the threshold"
+            )
+        elif strategy != STRATEGIES[0]:
+            logger.info(
+                "%s.max_off_policy_strategy=%s: under the fixed lag no group reaches the threshold, so drop and wait "
+                "act alike",
+                SAMPLER,
+                strategy,
+            )
+    _parameter_sync_step(config, mode if parameter_sync_step_set else "", problems)
+
+
+def _parameter_sync_step(config: Any, mode: str, problems: list[str]) -> None:
+    key = "trainer.v1.separate_async.parameter_sync_step"
+    steps = config.trainer.v1.separate_async.parameter_sync_step
+    if not _int_at_least(steps, 1):
+        problems.append(f"{key}={steps!r}: optimizer steps per weight push, an integer >= 1")
+        return
+    if mode != "separate_async":
+        return
+    batch, mini = int(config.data.train_batch_size), int(config.actor_rollout_ref.actor.ppo_mini_batch_size)
+    if batch != steps * mini:
+        problems.append(
+            f"{key}={steps}: each step trains data.train_batch_size={batch} prompts in mini-batches of "
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} and pushes the weights once; make "
+            f"train_batch_size = parameter_sync_step × ppo_mini_batch_size (here {batch // mini if mini else '?'} "
+            "optimizer steps per push)"
+        )
+        return
+    logger.info(
+        "%s=%d: the step's mini-batches train one after another once its whole batch is generated (veRL streams "
+        "them as they fill), one π_old for all, one weight push",
+        key,
+        steps,
+    )
