@@ -327,9 +327,10 @@ DESCRIPTIONS |= {
     "trainer.v1.separate_async.parameter_sync_step": "Optimizer steps (mini-batches) per weight push; when set, "
     "`data.train_batch_size` must equal it × `ppo_mini_batch_size`. The mini-batches train once the step's whole "
     "batch is generated (veRL streams them).",
-    "trainer.v1.sampler.schedule": "Ours: how the async modes pick what a step trains. `fixed_lag` (the only one "
-    "built): `async_training.max_lag` batches ahead, each from one weight version, trained in order (reproducible; "
-    "lag 0 equals sync). veRL's replay buffer is not wired into the modes yet.",
+    "trainer.v1.sampler.schedule": "Ours: how a step's batch is chosen. `fixed_lag`: `async_training.max_lag` "
+    "batches ahead, each from one weight version, trained in order (reproducible; lag 0 equals sync). "
+    "`replay_buffer`: veRL 0.10's buffer (DAPO-filtered groups evicted and refilled two for one under "
+    "`max_inflight_gen_batches`, the surplus discarded); the sync mode only for now.",
     "trainer.v1.sampler.max_off_policy_threshold": "The oldest group trained, in model versions; the fixed lag L "
     "(age L + 1) must not pass it (checked at start-up).",
     "trainer.v1.sampler.max_off_policy_strategy": "`drop` or `wait` for a group past the threshold; under the fixed "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -325,6 +326,46 @@ def prepare_dapo(work: Path) -> Prepared:
         "actor_rollout_ref.actor.clip_ratio_high=0.28",
         f"trainer.rollout_data_dir={work / 'rollouts'}",
     ], {}
+
+
+@cli_run("dapo_buffer", cost_s=45)
+def prepare_dapo_buffer(work: Path) -> Prepared:
+    """The DAPO run under veRL 0.10's replay-buffer schedule: flat groups evicted, two prompts refilled for each."""
+    return [
+        "trainer.v1.trainer_mode=sync",
+        "trainer.v1.sampler.schedule=replay_buffer",
+        "trainer.total_training_steps=2",
+        "algorithm.filter_groups={enable: true, metric: seq_reward, max_inflight_gen_batches: 1}",
+        f"trainer.rollout_data_dir={work / 'rollouts'}",
+    ], {}
+
+
+@needs("dapo_buffer")
+def test_dapo_under_the_replay_buffer_refills_what_it_evicts(cli_runs):
+    code, output, records, work = cli_runs["dapo_buffer"]
+    assert code == 0, output[-3000:]
+    steps = [r["data"] for r in records if r["data"]]
+    assert len(steps) == 2
+    # each generation batch logs "generated k prompts (t this step)": 16, then refills of at most 16 (one training
+    # batch in flight) spending a credit of 2 per evicted group
+    batches: list[list[int]] = []
+    for k, t in re.findall(r"replay buffer: generated (\d+) prompts \((\d+) this step\)", output):
+        if k == t:  # a step's first batch
+            batches.append([])
+        batches[-1].append(int(k))
+    assert len(batches) == 2 and all(b[0] == 16 and max(b) <= 16 for b in batches)
+    for s, sizes in zip(steps, batches, strict=True):
+        evicted = s["training/filter_groups/evicted_samples"]
+        surplus = s["training/filter_groups/discarded_surplus_samples"]
+        assert s["train/num_gen_batches"] == len(sizes) and evicted + 16 + surplus == sum(sizes)
+        assert sum(sizes) - 16 <= 2 * evicted
+    for step in (1, 2):
+        rows = read_jsonl(work / "rollouts" / f"{step}.jsonl")
+        assert len(rows) == 16 * 4
+        by_prompt: dict[str, list[float]] = {}
+        for r in rows:
+            by_prompt.setdefault(r["input"], []).append(r["score"])
+        assert all(len(set(scores)) > 1 for scores in by_prompt.values())
 
 
 @needs("dapo")

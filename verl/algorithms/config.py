@@ -178,9 +178,11 @@ class FilterGroupsConfig(BaseConfig):
     Args:
         enable: turn the filter on.
         metric: per-sample metric to test, e.g. "acc", "score", "seq_reward", "seq_final_reward".
-        max_num_gen_batches: give up after this many generation batches per step (<= 0: no limit).
-        max_inflight_gen_batches: veRL 0.10's bound on the generation batches its replay buffer keeps in flight
-            (its V1 trainer); here generation batches run one after another (a value other than 1 warns).
+        max_num_gen_batches: give up after this many generation batches per step (<= 0: no limit); read by the
+            ``fixed_lag`` schedule (``trainer.v1.sampler.schedule``), not by ``replay_buffer`` (nor by veRL 0.10).
+        max_inflight_gen_batches: the prompts one refill may dispatch, in training batches, under
+            ``trainer.v1.sampler.schedule=replay_buffer`` (veRL 0.10's replay buffer); ``fixed_lag`` generates
+            batches of ``data.gen_batch_size`` one after another (a value other than 1 warns there).
     """
 
     enable: bool = False

@@ -100,7 +100,7 @@ def test_the_rollout_pool_under_either_name(caplog):
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("trainer.v1.sampler.schedule=replay_buffer", "schedule='replay_buffer': veRL's replay-buffer schedule"),
+        ("trainer.v1.sampler.schedule=lifo", r"schedule='lifo'; use one of \('fixed_lag', 'replay_buffer'\)"),
         ("trainer.v1.sampler.sync_refill_failed_groups=true", "failed groups are not replaced"),
         ("trainer.v1.sampler.custom_sampler.path=/tmp/s.py", "a sampler class of your own is not loaded"),
         ("trainer.v1.separate_async.hybrid_rollout.enable_switch=true", "lending the training workers' rollout"),
@@ -232,5 +232,22 @@ def test_veRLs_async_keys_under_the_fixed_lag(caplog):
         ConfigError, match=r"parameter_sync_step=3: .*train_batch_size=8 .*mini_batch_size=4 .*here 2 optimizer"
     ):
         validate_config(merged([*VALID, *SEPARATE_V1, "trainer.v1.separate_async.parameter_sync_step=3"]))
+    with pytest.raises(ConfigError, match="schedule=replay_buffer with trainer.v1.trainer_mode=colocate_async: only"):
+        validate_config(merged([*VALID, "trainer.mode=colocate_async", "trainer.v1.sampler.schedule=replay_buffer"]))
+    with caplog.at_level(logging.WARNING, logger="verl.trainer.config"):
+        dapo = ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc"]
+        validate_config(
+            merged(
+                [
+                    *VALID,
+                    *dapo,
+                    "algorithm.filter_groups.max_num_gen_batches=5",
+                    "trainer.v1.sampler.schedule=replay_buffer",
+                ]
+            )
+        )
+        validate_config(merged([*VALID, *dapo, "algorithm.filter_groups.max_inflight_gen_batches=2"]))
+    assert "max_num_gen_batches=5: no effect under trainer.v1.sampler.schedule=replay_buffer" in caplog.text
+    assert "max_inflight_gen_batches=2: no effect under trainer.v1.sampler.schedule=fixed_lag" in caplog.text
     with pytest.raises(ConfigError, match=r"max_off_policy_strategy='evict'; use one of \('drop', 'wait'\)"):
         validate_config(merged([*VALID, "trainer.v1.sampler.max_off_policy_strategy=evict"]))

@@ -9,6 +9,7 @@ generating: what is tested here is the source's schedule (the real generation ru
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import random
@@ -114,31 +115,40 @@ def test_the_registry_names_the_modes():
 class StandInTrainer:
     """What SyncRolloutSource uses of a trainer; ``_rollout`` scores instead of generating (see the module doc)."""
 
-    def __init__(self, filter_groups: bool, critic_warmup: int = 0, train_batch_size: int = 4):
+    def __init__(self, filter_groups: bool, critic_warmup: int = 0, train_batch_size: int = 4, schedule="fixed_lag"):
+        sampler = {"schedule": schedule, "max_off_policy_threshold": 8, "max_off_policy_strategy": "drop"}
         self.config = OmegaConf.create(
             {
-                "trainer": {"mode": "sync", "critic_warmup": critic_warmup},
+                "trainer": {"mode": "sync", "critic_warmup": critic_warmup, "v1": {"sync": {}, "sampler": sampler}},
                 "data": {"train_batch_size": train_batch_size},
                 "actor_rollout_ref": {"rollout": {"n": 2}},
-                "algorithm": {"filter_groups": {"enable": True, "metric": "acc", "max_num_gen_batches": 0}},
+                "algorithm": {"filter_groups": {"enable": filter_groups, "metric": "acc", "max_num_gen_batches": 0}},
             }
         )
         self.state = TrainerState(global_steps=1, dataloader=dataloader())
         self.prompts = PromptStream(self.state.dataloader, self.state, total_epochs=1)
         self.rollout_filter = functools.partial(accumulate_groups, config=self.config) if filter_groups else None
-        self.slept = 0
+        self.slept, self.slept_in, self.stage, self.first_prompts = 0, [], None, []
         self.checkpoint_manager = SimpleNamespace(sleep_replicas=self._sleep)
         self.rollouts = []
 
     def _sleep(self) -> None:
         self.slept += 1
+        self.slept_in.append(self.stage)
+
+    @contextlib.contextmanager
+    def _stage(self, name: str, timing: dict[str, float]):
+        self.stage = name
+        yield
+        self.stage = None
 
     def _updates_actor(self) -> bool:
         return self.config.trainer.critic_warmup <= self.state.global_steps
 
-    def _rollout(self, prompts: DataProto, step: StepState) -> DataProto:
+    def _rollout(self, prompts: DataProto, step: StepState, first_prompt: int | None = None) -> DataProto:
         """Two samples per prompt; prompts with an odd index get one right and one wrong answer (informative)."""
         self.rollouts.append(indices(prompts))
+        self.first_prompts.append(first_prompt or 0)
         rows = [i for i in indices(prompts) for _ in range(2)]
         acc = [float(j % 2) if i % 2 else 1.0 for j, i in enumerate(rows)]
         scores = torch.zeros(len(rows), 3)
@@ -155,7 +165,7 @@ def test_sync_source_returns_each_generated_batch_and_puts_the_engines_to_sleep(
     step = StepState(metrics={})
     batch = SyncRolloutSource(trainer).next_batch(step)
     assert trainer.rollouts == [[0, 1, 2, 3]] and len(batch) == 8
-    assert step.metrics["training/epoch"] == 0 and trainer.slept == 1  # the weight push will wake them
+    assert step.metrics["training/epoch"] == 0 and trainer.slept_in == ["gen"]  # timed as gen; the push wakes them
 
 
 def test_sync_source_keeps_the_engines_awake_in_a_critic_warmup_step():
@@ -180,3 +190,22 @@ def test_a_step_the_data_cannot_fill_is_not_trained_and_says_so(caplog):
         assert SyncRolloutSource(trainer).next_batch(StepState(metrics={})) is None
     assert "the data ran out during step 1 after 2 generation batches (4 of 6 prompts kept)" in caplog.text
     assert trainer.slept == 0
+
+
+def test_without_a_filter_the_replay_buffer_schedule_gives_the_fixed_lag_batches():
+    """The claim of verl.trainer.ppo.replay_batches: the same prompts, seeds (prompt numbers) and rows, step by step;
+    the batches differ only in order within a step, which both keep as generated."""
+    got = {}
+    for schedule in ("fixed_lag", "replay_buffer"):
+        trainer = StandInTrainer(filter_groups=False, schedule=schedule)
+        source = SyncRolloutSource(trainer)
+        batches = []
+        for global_steps in (1, 2):
+            trainer.state.global_steps = global_steps
+            batches.append(source.next_batch(StepState(metrics={})))
+        got[schedule] = (trainer.rollouts, trainer.first_prompts, trainer.slept_in, batches)
+    (rollouts, firsts, slept, batches), buffered = got["fixed_lag"], got["replay_buffer"]
+    assert buffered[:3] == (rollouts, firsts, slept) == ([[0, 1, 2, 3], [4, 5, 6, 7]], [0, 0], ["gen", "gen"])
+    for a, b in zip(batches, buffered[3], strict=True):
+        assert list(a.non_tensor_batch["uid"]) == list(b.non_tensor_batch["uid"])
+        assert torch.equal(a.batch["token_level_scores"], b.batch["token_level_scores"])

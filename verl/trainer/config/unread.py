@@ -270,8 +270,7 @@ UNREAD: tuple[Unread, ...] = (
         Unread(
             f"trainer.v1.sampler.{name}",
             "error",
-            f"veRL's replay buffer is not wired into the trainer modes yet ({why}); trainer.v1.sampler.schedule="
-            "fixed_lag picks each step's batch",
+            f"this part of veRL's replay buffer is not built yet ({why})",
         )
         for name, why in (
             ("sync_refill_failed_groups", "failed groups are not replaced"),
@@ -285,12 +284,6 @@ UNREAD: tuple[Unread, ...] = (
         "veRL 0.10's rollout caching is not built (actor_rollout_ref.rollout.skip_rollout reuses one saved generation)",
     ),
     Unread("distillation", "error", "on-policy distillation is not built yet"),
-    Unread(
-        "algorithm.filter_groups.max_inflight_gen_batches",
-        "warn",
-        "dynamic sampling generates one batch after another (veRL 0.10's replay buffer exists as a component, "
-        "verl.trainer.ppo.v1.replay_buffer, but no trainer mode uses it yet)",
-    ),
     Unread("ray_kwargs.timeline_json_file", "warn", "no Ray timeline is written"),
 )
 
@@ -308,7 +301,6 @@ NAME_USED_ELSEWHERE: frozenset[str] = frozenset(
         "actor_rollout_ref.rollout.profiler",
         "data.tokenizer",
         "data.trust_remote_code",
-        "algorithm.filter_groups.max_inflight_gen_batches",  # the replay buffer component's argument, not yet wired
         "data.use_shm",  # use_shm is the model sections' key (a shared-memory copy of the model folder)
         # load_contents is read only by FSDPCheckpointManager for a recipe's own model (per-rank files); the
         # trainer's engine-built workers still load model, optimizer and extra state together

@@ -2,10 +2,12 @@
 :func:`verl.trainer.config.validate.validate_config`.
 
 ``trainer.v1.sampler.schedule`` (this project's key) names how the async modes choose what each step trains.
-``fixed_lag``, the only one built, generates ``async_training.max_lag`` batches ahead, each from one weight version,
-and trains them in order: reproducible, and at lag 0 the sync run step for step. veRL's own schedule, a replay
-buffer that samples finished groups and evicts stale ones (:mod:`verl.trainer.ppo.v1.replay_buffer`), is not wired
-into the modes yet. Under ``fixed_lag`` veRL's keys mean:
+``fixed_lag`` (the default) generates ``async_training.max_lag`` batches ahead, each from one weight version, and
+trains them in order: reproducible, and at lag 0 the sync run step for step. ``replay_buffer`` is veRL's own
+schedule, a replay buffer that samples finished groups and evicts the filtered and the stale
+(:mod:`verl.trainer.ppo.v1.replay_buffer`): wired into the sync mode (:mod:`verl.trainer.ppo.replay_batches`, where
+it differs from ``fixed_lag`` only with DAPO's dynamic sampling), not yet into the async modes. Under ``fixed_lag``
+veRL's keys mean:
 
 - ``trainer.v1.<mode>.num_warmup_batches``: the batches generated ahead, i.e. ``async_training.max_lag`` (one
   setting, two names: :func:`verl.trainer.config.layout.resolve_layout`).
@@ -30,10 +32,10 @@ __all__ = ["SCHEDULES", "STRATEGIES", "check_v1_trainer"]
 
 logger = logging.getLogger(__name__)
 
-SCHEDULES = ("fixed_lag",)
+SCHEDULES = ("fixed_lag", "replay_buffer")
 STRATEGIES = ("drop", "wait")
-NOT_WIRED = {"replay_buffer": "veRL's replay-buffer schedule (sample finished groups, evict stale ones) is not wired"}
 SAMPLER = "trainer.v1.sampler"
+FILTER = "algorithm.filter_groups"
 
 
 def _int_at_least(value: Any, low: int) -> bool:
@@ -47,8 +49,14 @@ def check_v1_trainer(config: Any, mode: str, problems: list[str], parameter_sync
     sampler = config.trainer.v1.sampler
     schedule = sampler.get("schedule", "fixed_lag")
     if schedule not in SCHEDULES:
-        why = NOT_WIRED.get(schedule, "unknown")
-        problems.append(f"{SAMPLER}.schedule={schedule!r}: {why}; use one of {SCHEDULES}")
+        problems.append(f"{SAMPLER}.schedule={schedule!r}; use one of {SCHEDULES}")
+    elif schedule == "replay_buffer" and mode != "sync":
+        problems.append(
+            f"{SAMPLER}.schedule=replay_buffer with trainer.v1.trainer_mode={mode}: only the sync mode takes its "
+            "batches through veRL's replay buffer yet (the async modes' eviction and refill are not wired); use "
+            "fixed_lag"
+        )
+    _filter_groups(config, schedule)
     threshold, strategy = sampler.max_off_policy_threshold, sampler.max_off_policy_strategy
     if not _int_at_least(threshold, 1):
         problems.append(f"{SAMPLER}.max_off_policy_threshold={threshold!r}: a model-version count, an integer >= 1")
@@ -95,3 +103,30 @@ def _parameter_sync_step(config: Any, mode: str, problems: list[str]) -> None:
         key,
         steps,
     )
+
+
+def _filter_groups(config: Any, schedule: str) -> None:
+    """Say which of DAPO's two bounds on extra generation the schedule reads (the other has no effect)."""
+    filter_cfg = config.algorithm.get("filter_groups") or {}
+    if not filter_cfg.get("enable", False):
+        return
+    inflight, batches = filter_cfg.get("max_inflight_gen_batches", 1), filter_cfg.get("max_num_gen_batches", 0)
+    if schedule == "replay_buffer" and batches:
+        logger.warning(
+            "%s.max_num_gen_batches=%s: no effect under %s.schedule=replay_buffer (nor in veRL 0.10), whose refills "
+            "are bounded by %s.max_inflight_gen_batches=%s and the data's end",
+            FILTER,
+            batches,
+            SAMPLER,
+            FILTER,
+            inflight,
+        )
+    elif schedule == "fixed_lag" and inflight != 1:
+        logger.warning(
+            "%s.max_inflight_gen_batches=%s: no effect under %s.schedule=fixed_lag, which generates batches of "
+            "data.gen_batch_size prompts one after another (bounded by %s.max_num_gen_batches)",
+            FILTER,
+            inflight,
+            SAMPLER,
+            FILTER,
+        )

@@ -28,12 +28,15 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from omegaconf import OmegaConf
+
 from verl.protocol import DataProto
 from verl.trainer.config.layout import trainer_mode
 from verl.trainer.ppo.dynamic_sampling import StepState
 
 if TYPE_CHECKING:
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.trainer.ppo.replay_batches import ReplayBufferBatches
     from verl.trainer.ppo.trainer_state import TrainerState
 
 __all__ = [
@@ -188,20 +191,54 @@ class SyncRolloutSource(RolloutSource):
     latest update (lag 0). After generating, the rollout engines sleep (``rollout.free_cache_engine``) when the
     step updates the actor, whose weight push wakes them; in a critic-warmup step they stay awake."""
 
+    def __init__(self, trainer: RayPPOTrainer) -> None:
+        super().__init__(trainer)
+        self.buffered: ReplayBufferBatches | None = None
+        if OmegaConf.select(trainer.config, "trainer.v1.sampler.schedule", default="fixed_lag") == "replay_buffer":
+            from verl.trainer.ppo.replay_batches import ReplayBufferBatches
+
+            self.buffered = ReplayBufferBatches(
+                trainer.config,
+                lambda prompts, step, first: trainer._rollout(prompts, step, first_prompt=first),
+                lambda: trainer.prompts,
+            )
+
     def next_batch(self, step: StepState) -> DataProto | None:
+        trainer = self.trainer
+        batch = self._from_buffer(step) if self.buffered is not None else self._generated(step)
+        if batch is None:
+            self.data_ran_out(step)
+        elif trainer._updates_actor():
+            with trainer._stage("gen", step.timing):  # as veRL's: freeing the engines counts as generation
+                trainer.checkpoint_manager.sleep_replicas()
+        return batch
+
+    def _generated(self, step: StepState) -> DataProto | None:
+        """``fixed_lag``: generation batches of ``data.gen_batch_size`` prompts until the rollout filter (if any)
+        has a full training batch."""
         trainer = self.trainer
         while True:
             prompts = trainer.prompts.next()
             if prompts is None:
-                self.data_ran_out(step)
                 return None
             step.metrics.setdefault("training/epoch", trainer.state.epoch)
             batch = trainer._rollout(prompts, step)
-            if trainer.rollout_filter is not None:
-                batch = trainer.rollout_filter(batch, step)
-                if batch is None:
-                    continue
-            if trainer._updates_actor():
-                with trainer._stage("gen", step.timing):  # as veRL's: freeing the engines counts as generation
-                    trainer.checkpoint_manager.sleep_replicas()
-            return batch
+            if trainer.rollout_filter is None:
+                return batch
+            batch = trainer.rollout_filter(batch, step)
+            if batch is not None:
+                return batch
+
+    def _from_buffer(self, step: StepState) -> DataProto | None:
+        """``replay_buffer``: veRL 0.10's sync schedule (:mod:`verl.trainer.ppo.replay_batches`)."""
+        trainer = self.trainer
+        return self.buffered.next_batch(step, trainer.state.global_steps, lambda: trainer.state.epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.buffered.state_dict() if self.buffered is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.buffered is None:
+            super().load_state_dict(state)
+        else:
+            self.buffered.load_state_dict(state)

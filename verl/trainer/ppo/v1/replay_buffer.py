@@ -23,10 +23,10 @@ otherwise, as veRL's: ``…/off_policy/evicted_samples`` with ``…/evicted_samp
 ``…/filter_groups/evicted_samples``, ``…/rollout_failure/evicted_samples``, and the filtered groups per metric value
 (:data:`DAPO_FILTERED_REWARD_COUNTS_KEY`, a dict for wandb's table).
 
-Here the buffer is a component on its own, tested with real producer and consumer threads; the trainer modes do
-not take their batches through it yet: they run this project's fixed-lag schedule (``trainer.v1.sampler.schedule``,
-:mod:`verl.trainer.config.validate_v1`), and the buffer's own keys (custom samplers, failed-group refills) stay
-refused by name at start-up.
+The sync mode takes its batches through it under ``trainer.v1.sampler.schedule=replay_buffer``
+(:mod:`verl.trainer.ppo.replay_batches`); the async modes run this project's fixed-lag schedule
+(:mod:`verl.trainer.config.validate_v1`), and the buffer's own keys (custom samplers, failed-group refills) stay
+refused by name at start-up. The async buffer is tested here with real producer and consumer threads.
 """
 
 from __future__ import annotations
@@ -168,6 +168,12 @@ class ReplayBuffer:
         self._check_status(status, uid)
         with self._changed:
             self._group(partition_id, uid).status = status
+            self._changed.notify_all()
+
+    def clear(self, partition_id: str) -> None:
+        """Forget every group of ``partition_id`` (a step abandoned when the data ran out)."""
+        with self._changed:
+            self._groups.pop(partition_id, None)
             self._changed.notify_all()
 
     def close(self) -> None:

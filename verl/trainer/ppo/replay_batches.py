@@ -1,0 +1,158 @@
+"""The sync mode under veRL 0.10's replay-buffer schedule (``trainer.v1.sampler.schedule=replay_buffer``).
+
+Each step dispatches ``data.train_batch_size`` prompts, generates and scores them (one generation batch), and
+records every prompt group in a :class:`~verl.trainer.ppo.v1.replay_buffer.ReplayBuffer` (dispatched at this step,
+its trajectories, finished). The step's batch is what the buffer's ``sample`` returns: with DAPO's dynamic sampling
+(``algorithm.filter_groups``) the groups whose metric does not vary are evicted, each earning a refill credit of 2
+prompts, spent in further generation batches of at most ``max_inflight_gen_batches × train_batch_size`` prompts;
+once ``train_batch_size`` groups are kept the oldest are trained and the rest discarded. Without a filter nothing is
+evicted and the step trains exactly its dispatched prompts: the same run as the ``fixed_lag`` schedule.
+
+Prompts are taken one by one from the data loader's batches (:class:`PromptPool`); what a refill leaves of a loader
+batch is kept for the next step and saved in checkpoints. ``filter_groups.max_num_gen_batches`` is not read here
+(veRL 0.10 ignores it too): the in-flight bound and the data's end limit the refills.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from verl.protocol import DataProto
+from verl.trainer.ppo.dynamic_sampling import StepState, group_filter_values
+from verl.trainer.ppo.v1.replay_buffer import DAPO_FILTERED_REWARD_COUNTS_KEY, ReplayBuffer
+from verl.utils.tracking.tables import FILTERED_REWARD_TABLE_KEY
+
+__all__ = ["PromptPool", "ReplayBufferBatches"]
+
+logger = logging.getLogger(__name__)
+
+TRAIN = "train"
+
+
+class DataRanOut(Exception):
+    """The prompts ran out while a step was being assembled."""
+
+
+class PromptPool:
+    """Prompts ``k`` at a time from a :class:`~verl.trainer.ppo.rollout_source.PromptStream` (``prompts()`` gives
+    it: the trainer makes it in ``fit``); the rest of a loader batch waits for the next take."""
+
+    def __init__(self, prompts: Callable[[], Any]) -> None:
+        self.prompts = prompts
+        self.leftover: DataProto | None = None
+
+    def take(self, k: int) -> DataProto | None:
+        """``k`` prompts, or None when the data ran out first (a part is put back)."""
+        parts, have = [], 0
+        while have < k:
+            if self.leftover is None or len(self.leftover) == 0:
+                self.leftover = self.prompts().next()
+                if self.leftover is None:
+                    if parts:
+                        self.leftover = DataProto.concat(parts)
+                    return None
+            part = self.leftover[: k - have]
+            self.leftover = self.leftover[len(part) :]
+            parts.append(part)
+            have += len(part)
+        return DataProto.concat(parts) if len(parts) > 1 else parts[0]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"leftover": self.leftover if self.leftover is not None and len(self.leftover) else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.leftover = state.get("leftover")
+
+
+class ReplayBufferBatches:
+    """Assembles each sync step's batch through the replay buffer (see the module docstring).
+
+    Args:
+        config: the trainer config (``data``, ``algorithm.filter_groups``, ``trainer.v1``).
+        rollout: ``rollout(prompts, step, first_prompt)`` generates and scores prompts (the trainer's stages), the
+            prompts numbered from ``first_prompt`` within the step (their sampling seeds).
+        prompts: returns the trainer's prompt stream.
+    """
+
+    def __init__(
+        self, config: Any, rollout: Callable[[DataProto, StepState, int], DataProto], prompts: Callable[[], Any]
+    ) -> None:
+        sampler, filter_cfg = config.trainer.v1.sampler, config.algorithm.get("filter_groups") or {}
+        self.metric = filter_cfg.get("metric") if filter_cfg.get("enable", False) else None
+        self.train_batch_size = int(config.data.train_batch_size)
+        self.rollout, self.pool = rollout, PromptPool(prompts)
+        self.buffer = ReplayBuffer(
+            trainer_mode="sync",
+            trainer_config=config.trainer.v1.get("sync"),
+            max_off_policy_threshold=int(sampler.max_off_policy_threshold),
+            max_off_policy_strategy=str(sampler.max_off_policy_strategy),
+            sampler_kwargs=dict(sampler.get("sampler_kwargs") or {}),
+            refill_fn=self._refill,
+            filter_groups_metric=self.metric,
+            train_batch_size=self.train_batch_size,
+            max_inflight_gen_batches=int(filter_cfg.get("max_inflight_gen_batches", 1)),
+            poll_interval=0.05,
+        )
+        self._step: StepState | None = None
+        self._global_steps = 0
+        self._batches: list[DataProto] = []
+        self._dispatched = 0
+
+    def next_batch(self, step: StepState, global_steps: int, epoch: Callable[[], int]) -> DataProto | None:
+        """The step's training batch (``train_batch_size`` groups), or None when the data ran out."""
+        self._step, self._global_steps, self._batches, self._dispatched = step, global_steps, [], 0
+        self._epoch = epoch
+        try:
+            self._dispatch(self.train_batch_size)
+            groups, metrics = self.buffer.sample(global_steps, TRAIN, self.train_batch_size)
+        except DataRanOut:
+            self.buffer.clear(TRAIN)
+            return None
+        dropped = metrics.pop(DAPO_FILTERED_REWARD_COUNTS_KEY, None)
+        if dropped:  # the trainer sends it to wandb's table (DapoFilteredRewardTableLogger), not to the scalars
+            step.metrics[FILTERED_REWARD_TABLE_KEY] = dropped
+        step.metrics.update(metrics)
+        if self.metric:  # as the fixed-lag schedule's dynamic sampling logs them
+            step.metrics["train/num_gen_batches"] = step.gen_batches
+            for name in ("evicted_samples", "discarded_surplus_samples"):
+                step.metrics.setdefault(f"training/filter_groups/{name}", 0)
+        merged = DataProto.concat(self._batches) if len(self._batches) > 1 else self._batches[0]
+        offsets = np.cumsum([0] + [len(b) for b in self._batches])
+        rows = [int(offsets[b] + r) for group in groups for b, r in group.trajectories]
+        self._batches = []
+        return merged.select_idxs(rows)
+
+    def _refill(self, k: int) -> None:
+        self._dispatch(k)
+
+    def _dispatch(self, k: int) -> None:
+        """Generate and score ``k`` new prompts and record their groups in the buffer, finished."""
+        prompts = self.pool.take(k)
+        if prompts is None:
+            raise DataRanOut
+        step = self._step
+        step.metrics.setdefault("training/epoch", self._epoch())
+        batch = self.rollout(prompts, step, self._dispatched)
+        self._dispatched += k
+        step.gen_batches += 1
+        index = len(self._batches)
+        self._batches.append(batch)
+        values = group_filter_values(batch, self.metric) if self.metric else None
+        for row, uid in enumerate(batch.non_tensor_batch["uid"]):
+            self.buffer.put_prompt(TRAIN, uid, self._global_steps, status="running")
+            info = {self.metric: float(values[row])} if self.metric else None
+            self.buffer.put_trajectory(TRAIN, uid, (index, row), info)
+        for uid in dict.fromkeys(batch.non_tensor_batch["uid"]):
+            self.buffer.set_status(TRAIN, uid, "finished")
+        logger.info("replay buffer: generated %d prompts (%d this step)", k, self._dispatched)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The prompts taken from the loader and not dispatched yet (the buffer is empty between steps)."""
+        return {"prompt_pool": self.pool.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.pool.load_state_dict(state.get("prompt_pool") or {})
