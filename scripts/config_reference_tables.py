@@ -352,7 +352,11 @@ for _key in (
     )
 DESCRIPTIONS["trainer.v1.sampler.sync_refill_failed_groups"] = _V1_BUFFER + "Replacing failed groups (sync mode)."
 for _key in ("custom_sampler.path", "custom_sampler.name", "sampler_kwargs"):
-    DESCRIPTIONS[f"trainer.v1.sampler.{_key}"] = _V1_BUFFER + "A replay buffer class of your own, and its arguments."
+    DESCRIPTIONS[f"trainer.v1.sampler.{_key}"] = (
+        "A replay buffer class of your own (file and class name; a subclass of "
+        "`verl.trainer.ppo.v1.replay_buffer.ReplayBuffer`), and keyword arguments its constructor gets as "
+        "`sampler_kwargs`; `schedule=replay_buffer` only."
+    )
 for _key in ("metrics.enabled", "metrics.port", "backend.storage_backend", "backend.SimpleStorage.total_storage_size"):
     DESCRIPTIONS[f"transfer_queue.{_key}"] = "veRL's TransferQueue (none here: batches move as DataProto)."
 DESCRIPTIONS["transfer_queue.backend.SimpleStorage.num_data_storage_units"] = DESCRIPTIONS["transfer_queue.enable"] = (

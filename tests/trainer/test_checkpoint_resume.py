@@ -18,7 +18,7 @@ import pytest
 
 from tests.cli_runs import Prepared, cli_run, in_subprocess, needs
 from tests.trainer.async_runs import placed
-from tests.trainer.test_main_ppo import quickstart, read_jsonl
+from tests.trainer.test_main_ppo import DAPO_BUFFER, quickstart, read_jsonl
 
 # 48 prompts of 16: 3 steps per epoch, so 4 steps cross an epoch boundary; 2 worker processes. PPO with a critic
 # (GAE) and a KL loss (so the reference policy runs too): every engine's state (actor, critic, optimizers, RNGs)
@@ -267,3 +267,18 @@ def test_missing_file_and_another_model_are_refused_by_name(cli_runs):
     assert code != 0 and "__1_0.distcp is missing" in output, output[-3000:]
     code, output, _, _ = cli_runs["resume_other_model"]
     assert code != 0 and "is of another model" in output and "hidden_size=128" in output, output[-3000:]
+
+
+@cli_run("dapo_buffer_resumed", cost_s=30, after=("dapo_buffer",))
+def _dapo_buffer_resumed(work: Path, deps: dict) -> Prepared:
+    """The replay-buffer DAPO run resumed from step 1: its refills took prompts from the loader's next batch, and
+    the ones left over are in the checkpoint."""
+    folder = deps["dapo_buffer"].work / "ckpt" / "global_step_1"
+    return Prepared([*DAPO_BUFFER, "trainer.resume_mode=resume_path", f"trainer.resume_from_path={folder}"], {})
+
+
+@needs("dapo_buffer", "dapo_buffer_resumed")
+def test_the_replay_buffer_schedule_resumes_exactly(cli_runs):
+    code, output, records, _ = cli_runs["dapo_buffer_resumed"]
+    assert code == 0, output[-3000:]
+    assert_same_steps(steps(records), steps(cli_runs["dapo_buffer"].records))

@@ -328,16 +328,19 @@ def prepare_dapo(work: Path) -> Prepared:
     ], {}
 
 
+DAPO_BUFFER = [
+    "trainer.v1.trainer_mode=sync",
+    "trainer.v1.sampler.schedule=replay_buffer",
+    "trainer.total_training_steps=2",
+    "algorithm.filter_groups={enable: true, metric: seq_reward, max_inflight_gen_batches: 1}",
+    "trainer.save_freq=1",  # test_checkpoint_resume resumes step 1's checkpoint
+]
+
+
 @cli_run("dapo_buffer", cost_s=45)
 def prepare_dapo_buffer(work: Path) -> Prepared:
     """The DAPO run under veRL 0.10's replay-buffer schedule: flat groups evicted, two prompts refilled for each."""
-    return [
-        "trainer.v1.trainer_mode=sync",
-        "trainer.v1.sampler.schedule=replay_buffer",
-        "trainer.total_training_steps=2",
-        "algorithm.filter_groups={enable: true, metric: seq_reward, max_inflight_gen_batches: 1}",
-        f"trainer.rollout_data_dir={work / 'rollouts'}",
-    ], {}
+    return [*DAPO_BUFFER, f"trainer.rollout_data_dir={work / 'rollouts'}"], {}
 
 
 @needs("dapo_buffer")

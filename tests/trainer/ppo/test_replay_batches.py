@@ -11,7 +11,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from tests.trainer.config.test_validate import VALID
 from verl.protocol import DataProto
+from verl.trainer.config.validate import ConfigError, merged, validate_config
 from verl.trainer.ppo.dynamic_sampling import StepState
 from verl.trainer.ppo.replay_batches import ReplayBufferBatches
 from verl.trainer.ppo.rollout_source import PromptStream
@@ -20,8 +22,8 @@ from verl.utils.tracking.tables import FILTERED_REWARD_TABLE_KEY
 N = 2  # samples per prompt
 
 
-def config(train_batch_size: int, metric: str | None = None, inflight: int = 1):
-    return OmegaConf.create(
+def config(train_batch_size: int, metric: str | None = None, inflight: int = 1, **sampler):
+    cfg = OmegaConf.create(
         {
             "data": {"train_batch_size": train_batch_size},
             "algorithm": {
@@ -35,6 +37,7 @@ def config(train_batch_size: int, metric: str | None = None, inflight: int = 1):
             },
         }
     )
+    return OmegaConf.merge(cfg, {"trainer": {"v1": {"sampler": sampler}}})
 
 
 class Scorer:
@@ -122,3 +125,38 @@ def test_a_metric_the_scores_lack_is_named(metric):
     batches = source(4, loader_batch=4, total=8, scorer=Scorer(flat=[]), cfg=config(4, metric))
     with pytest.raises(ValueError, match=r"filter_groups.metric='acc' is not a per-sample value"):
         batches.next_batch(StepState(metrics={}), 1, lambda: 0)
+
+
+USER_SAMPLER = """
+from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+
+
+class CountingSampler(ReplayBuffer):
+    def sample(self, global_steps, partition_id, batch_size):
+        groups, metrics = super().sample(global_steps, partition_id, batch_size)
+        metrics[f"training/{self.sampler_kwargs['label']}/sampled_groups"] = len(groups)
+        return groups, metrics
+
+
+class NotABuffer:
+    pass
+"""
+
+
+def test_a_sampler_class_of_the_users_gets_its_kwargs_and_fills_the_step(tmp_path):
+    path = tmp_path / "my_sampler.py"
+    path.write_text(USER_SAMPLER)
+    custom = {"path": str(path), "name": "CountingSampler"}
+    cfg = config(4, custom_sampler=custom, sampler_kwargs={"label": "mine"})
+    batches = source(4, loader_batch=4, total=8, scorer=Scorer(flat=[]), cfg=cfg)
+    step = StepState(metrics={})
+    assert trained(batches.next_batch(step, 1, lambda: 0)) == [0, 1, 2, 3]
+    assert type(batches.buffer).__name__ == "CountingSampler" and step.metrics["training/mine/sampled_groups"] == 4
+    with pytest.raises(TypeError, match=r"NotABuffer is not a subclass of verl.trainer.ppo.v1.replay_buffer"):
+        source(4, 4, 8, Scorer(flat=[]), config(4, custom_sampler={"path": str(path), "name": "NotABuffer"}))
+    with pytest.raises(ValueError, match=r"custom_sampler \(path=.*name='Missing'\): object_name='Missing'"):
+        source(4, 4, 8, Scorer(flat=[]), config(4, custom_sampler={"path": str(path), "name": "Missing"}))
+    # start-up loads the class and names a bad one before anything runs
+    bad = [f"trainer.v1.sampler.custom_sampler.path={path}", "trainer.v1.sampler.custom_sampler.name=NotABuffer"]
+    with pytest.raises(ConfigError, match="NotABuffer is not a subclass"):
+        validate_config(merged([*VALID, "trainer.v1.sampler.schedule=replay_buffer", *bad]))

@@ -272,11 +272,7 @@ UNREAD: tuple[Unread, ...] = (
             "error",
             f"this part of veRL's replay buffer is not built yet ({why})",
         )
-        for name, why in (
-            ("sync_refill_failed_groups", "failed groups are not replaced"),
-            ("custom_sampler", "a sampler class of your own is not loaded"),
-            ("sampler_kwargs", "only a custom sampler reads them"),
-        )
+        for name, why in (("sync_refill_failed_groups", "failed groups are not replaced"),)
     ),
     Unread(
         "skip",
@@ -348,7 +344,6 @@ NAME_USED_ELSEWHERE: frozenset[str] = frozenset(
         "reward.sandbox_fusion",
         # veRL 0.10's names that are this project's words for other things (the modes, the sampler of data.*)
         "trainer.v1.sync",
-        "trainer.v1.sampler.sampler_kwargs",  # the replay buffer component's words
         "trainer.v1.sampler.sync_refill_failed_groups",
         "skip",
         "distillation",  # need_teacher_policy reads distillation.enabled (refused at start-up when true)

@@ -598,7 +598,7 @@ def validate_config(
     _profiler(cfg, problems)
     report_unread(config, problems, base)
     sync_step_set = is_away(config, base, "trainer.v1.separate_async.parameter_sync_step")
-    check_v1_trainer(cfg, trainer_mode(cfg), problems, parameter_sync_step_set=sync_step_set)
+    check_v1_trainer(cfg, trainer_mode(cfg), problems, sync_step_set, check_environment)
     _estimator(cfg, problems)
     _overlong_buffer(cfg, problems)
     check_lora(cfg, problems, check_environment, base)

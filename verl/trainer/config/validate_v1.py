@@ -42,10 +42,17 @@ def _int_at_least(value: Any, low: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
-def check_v1_trainer(config: Any, mode: str, problems: list[str], parameter_sync_step_set: bool = True) -> None:
+def check_v1_trainer(
+    config: Any,
+    mode: str,
+    problems: list[str],
+    parameter_sync_step_set: bool = True,
+    check_environment: bool = True,
+) -> None:
     """``trainer.v1.sampler.*`` and ``trainer.v1.separate_async.parameter_sync_step`` against the run's schedule
     ``mode`` (the module docstring); each problem appended to ``problems``. ``parameter_sync_step_set``: whether the
-    run sets ``parameter_sync_step`` (a script of the older layout does not: its batch sizes alone decide)."""
+    run sets ``parameter_sync_step`` (a script of the older layout does not: its batch sizes alone decide);
+    ``check_environment``: also load a custom sampler class."""
     sampler = config.trainer.v1.sampler
     schedule = sampler.get("schedule", "fixed_lag")
     if schedule not in SCHEDULES:
@@ -57,6 +64,7 @@ def check_v1_trainer(config: Any, mode: str, problems: list[str], parameter_sync
             "fixed_lag"
         )
     _filter_groups(config, schedule)
+    _custom_sampler(sampler, schedule, problems, check_environment)
     threshold, strategy = sampler.max_off_policy_threshold, sampler.max_off_policy_strategy
     if not _int_at_least(threshold, 1):
         problems.append(f"{SAMPLER}.max_off_policy_threshold={threshold!r}: a model-version count, an integer >= 1")
@@ -130,3 +138,30 @@ def _filter_groups(config: Any, schedule: str) -> None:
             SAMPLER,
             FILTER,
         )
+
+
+def _custom_sampler(sampler: Any, schedule: str, problems: list[str], check_environment: bool) -> None:
+    """``custom_sampler`` / ``sampler_kwargs`` go to a replay buffer: only ``schedule=replay_buffer`` has one."""
+    custom = sampler.get("custom_sampler") or {}
+    given = [
+        f"{SAMPLER}.{key}"
+        for key, value in (
+            ("custom_sampler.path", custom.get("path")),
+            ("sampler_kwargs", sampler.get("sampler_kwargs")),
+        )
+        if value
+    ]
+    if not given:
+        return
+    if schedule != "replay_buffer":
+        problems.append(
+            f"{', '.join(given)}: read by the replay buffer, which {SAMPLER}.schedule={schedule} does not use; set "
+            f"{SAMPLER}.schedule=replay_buffer (sync mode)"
+        )
+    elif check_environment and custom.get("path"):
+        from verl.trainer.ppo.replay_batches import sampler_class
+
+        try:
+            sampler_class(sampler)
+        except (ValueError, TypeError) as e:
+            problems.append(str(e))

@@ -10,7 +10,9 @@ evicted and the step trains exactly its dispatched prompts: the same run as the 
 
 Prompts are taken one by one from the data loader's batches (:class:`PromptPool`); what a refill leaves of a loader
 batch is kept for the next step and saved in checkpoints. ``filter_groups.max_num_gen_batches`` is not read here
-(veRL 0.10 ignores it too): the in-flight bound and the data's end limit the refills.
+(veRL 0.10 ignores it too): the in-flight bound and the data's end limit the refills. A buffer class of the
+user's (``trainer.v1.sampler.custom_sampler.{path,name}``, a :class:`ReplayBuffer` subclass; ``sampler_kwargs``
+reach its constructor) replaces the built-in.
 """
 
 from __future__ import annotations
@@ -68,6 +70,33 @@ class PromptPool:
         self.leftover = state.get("leftover")
 
 
+def sampler_class(sampler: Any) -> type[ReplayBuffer]:
+    """The buffer class: ``trainer.v1.sampler.custom_sampler.{path,name}`` (a :class:`ReplayBuffer` subclass of
+    the user's, taking the built-in's keyword arguments, ``sampler_kwargs`` among them), else the built-in."""
+    custom = sampler.get("custom_sampler") or {}
+    if not custom.get("path"):
+        return ReplayBuffer
+    from verl.utils.import_utils import load_extern_type
+
+    where = f"trainer.v1.sampler.custom_sampler (path={custom.get('path')!r}, name={custom.get('name')!r})"
+    try:
+        cls = load_extern_type(custom["path"], custom.get("name") or "")
+    except (AttributeError, FileNotFoundError, RuntimeError, TypeError) as e:
+        raise ValueError(f"{where}: {e}") from e
+    if not issubclass(cls, ReplayBuffer):
+        raise TypeError(
+            f"{where}: {cls.__qualname__} is not a subclass of verl.trainer.ppo.v1.replay_buffer.ReplayBuffer, whose "
+            "put_prompt / put_trajectory / set_status the sync schedule writes and whose sample(global_steps, "
+            "partition_id, batch_size) it reads"
+        )
+    if cls.is_async:
+        raise TypeError(
+            f"{where}: {cls.__qualname__} is an async buffer (is_async=True); the sync mode needs a sync one"
+        )
+    logger.info("replay buffer: %s from %s", cls.__qualname__, custom["path"])
+    return cls
+
+
 class ReplayBufferBatches:
     """Assembles each sync step's batch through the replay buffer (see the module docstring).
 
@@ -85,7 +114,7 @@ class ReplayBufferBatches:
         self.metric = filter_cfg.get("metric") if filter_cfg.get("enable", False) else None
         self.train_batch_size = int(config.data.train_batch_size)
         self.rollout, self.pool = rollout, PromptPool(prompts)
-        self.buffer = ReplayBuffer(
+        self.buffer = sampler_class(sampler)(
             trainer_mode="sync",
             trainer_config=config.trainer.v1.get("sync"),
             max_off_policy_threshold=int(sampler.max_off_policy_threshold),
