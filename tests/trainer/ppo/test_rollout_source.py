@@ -145,7 +145,9 @@ class StandInTrainer:
     def _updates_actor(self) -> bool:
         return self.config.trainer.critic_warmup <= self.state.global_steps
 
-    def _rollout(self, prompts: DataProto, step: StepState, first_prompt: int | None = None) -> DataProto:
+    def _rollout(
+        self, prompts: DataProto, step: StepState, epoch: int | None = None, first_prompt: int | None = None
+    ) -> DataProto:
         """Two samples per prompt; prompts with an odd index get one right and one wrong answer (informative)."""
         self.rollouts.append(indices(prompts))
         self.first_prompts.append(first_prompt or 0)

@@ -41,33 +41,46 @@ class DataRanOut(Exception):
 
 class PromptPool:
     """Prompts ``k`` at a time from a :class:`~verl.trainer.ppo.rollout_source.PromptStream` (``prompts()`` gives
-    it: the trainer makes it in ``fit``); the rest of a loader batch waits for the next take."""
+    it: the trainer makes it in ``fit``; ``epoch()`` is the pass it is in); the rest of a loader batch waits for the
+    next take, with the epoch it was drawn in."""
 
-    def __init__(self, prompts: Callable[[], Any]) -> None:
-        self.prompts = prompts
+    def __init__(self, prompts: Callable[[], Any], epoch: Callable[[], int]) -> None:
+        self.prompts, self.epoch = prompts, epoch
         self.leftover: DataProto | None = None
+        self.leftover_epoch = 0
 
-    def take(self, k: int) -> DataProto | None:
-        """``k`` prompts, or None when the data ran out first (a part is put back)."""
-        parts, have = [], 0
+    def take(self, k: int) -> list[tuple[int, DataProto]] | None:
+        """``k`` prompts as ``(epoch, prompts)`` parts (two where the take crosses an epoch's end: a prompt's group
+        id holds its epoch), or None when the data ran out first (what was taken is put back)."""
+        parts: list[tuple[int, DataProto]] = []
+        have = 0
         while have < k:
             if self.leftover is None or len(self.leftover) == 0:
                 self.leftover = self.prompts().next()
                 if self.leftover is None:
-                    if parts:
-                        self.leftover = DataProto.concat(parts)
+                    self._put_back(parts)
                     return None
+                self.leftover_epoch = self.epoch()
             part = self.leftover[: k - have]
             self.leftover = self.leftover[len(part) :]
-            parts.append(part)
+            if parts and parts[-1][0] == self.leftover_epoch:
+                parts[-1] = (self.leftover_epoch, DataProto.concat([parts[-1][1], part]))
+            else:
+                parts.append((self.leftover_epoch, part))
             have += len(part)
-        return DataProto.concat(parts) if len(parts) > 1 else parts[0]
+        return parts
+
+    def _put_back(self, parts: list[tuple[int, DataProto]]) -> None:
+        if parts:  # at the data's end: too few for the take, kept for a checkpoint's sake
+            self.leftover_epoch = parts[0][0]
+            self.leftover = DataProto.concat([part for _, part in parts])
 
     def state_dict(self) -> dict[str, Any]:
-        return {"leftover": self.leftover if self.leftover is not None and len(self.leftover) else None}
+        leftover = self.leftover if self.leftover is not None and len(self.leftover) else None
+        return {"leftover": leftover, "leftover_epoch": self.leftover_epoch}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.leftover = state.get("leftover")
+        self.leftover, self.leftover_epoch = state.get("leftover"), int(state.get("leftover_epoch", 0))
 
 
 def sampler_class(sampler: Any) -> type[ReplayBuffer]:
@@ -102,18 +115,24 @@ class ReplayBufferBatches:
 
     Args:
         config: the trainer config (``data``, ``algorithm.filter_groups``, ``trainer.v1``).
-        rollout: ``rollout(prompts, step, first_prompt)`` generates and scores prompts (the trainer's stages), the
-            prompts numbered from ``first_prompt`` within the step (their sampling seeds).
+        rollout: ``rollout(prompts, step, first_prompt, epoch)`` generates and scores prompts (the trainer's
+            stages), the prompts numbered from ``first_prompt`` within the step (their sampling seeds), drawn in pass
+            ``epoch`` over the data (their group ids).
         prompts: returns the trainer's prompt stream.
+        epoch: returns the stream's pass over the data.
     """
 
     def __init__(
-        self, config: Any, rollout: Callable[[DataProto, StepState, int], DataProto], prompts: Callable[[], Any]
+        self,
+        config: Any,
+        rollout: Callable[[DataProto, StepState, int, int], DataProto],
+        prompts: Callable[[], Any],
+        epoch: Callable[[], int],
     ) -> None:
         sampler, filter_cfg = config.trainer.v1.sampler, config.algorithm.get("filter_groups") or {}
         self.metric = filter_cfg.get("metric") if filter_cfg.get("enable", False) else None
         self.train_batch_size = int(config.data.train_batch_size)
-        self.rollout, self.pool = rollout, PromptPool(prompts)
+        self.rollout, self.pool, self.epoch = rollout, PromptPool(prompts, epoch), epoch
         self.buffer = sampler_class(sampler)(
             trainer_mode="sync",
             trainer_config=config.trainer.v1.get("sync"),
@@ -131,10 +150,9 @@ class ReplayBufferBatches:
         self._batches: list[DataProto] = []
         self._dispatched = 0
 
-    def next_batch(self, step: StepState, global_steps: int, epoch: Callable[[], int]) -> DataProto | None:
+    def next_batch(self, step: StepState, global_steps: int) -> DataProto | None:
         """The step's training batch (``train_batch_size`` groups), or None when the data ran out."""
         self._step, self._global_steps, self._batches, self._dispatched = step, global_steps, [], 0
-        self._epoch = epoch
         try:
             self._dispatch(self.train_batch_size)
             groups, metrics = self.buffer.sample(global_steps, TRAIN, self.train_batch_size)
@@ -159,15 +177,21 @@ class ReplayBufferBatches:
         self._dispatch(k)
 
     def _dispatch(self, k: int) -> None:
-        """Generate and score ``k`` new prompts and record their groups in the buffer, finished."""
-        prompts = self.pool.take(k)
-        if prompts is None:
+        """Generate and score ``k`` new prompts (one generation batch; two at an epoch's end) and record their
+        groups in the buffer, finished."""
+        parts = self.pool.take(k)
+        if parts is None:
             raise DataRanOut
         step = self._step
-        step.metrics.setdefault("training/epoch", self._epoch())
-        batch = self.rollout(prompts, step, self._dispatched)
-        self._dispatched += k
+        step.metrics.setdefault("training/epoch", self.epoch())
         step.gen_batches += 1
+        for epoch, prompts in parts:
+            batch = self.rollout(prompts, step, self._dispatched, epoch)
+            self._dispatched += len(prompts)
+            self._record(batch)
+        logger.info("replay buffer: generated %d prompts (%d this step)", k, self._dispatched)
+
+    def _record(self, batch: DataProto) -> None:
         index = len(self._batches)
         self._batches.append(batch)
         values = group_filter_values(batch, self.metric) if self.metric else None
@@ -177,7 +201,6 @@ class ReplayBufferBatches:
             self.buffer.put_trajectory(TRAIN, uid, (index, row), info)
         for uid in dict.fromkeys(batch.non_tensor_batch["uid"]):
             self.buffer.set_status(TRAIN, uid, "finished")
-        logger.info("replay buffer: generated %d prompts (%d this step)", k, self._dispatched)
 
     def state_dict(self) -> dict[str, Any]:
         """The prompts taken from the loader and not dispatched yet (the buffer is empty between steps)."""

@@ -199,8 +199,9 @@ class SyncRolloutSource(RolloutSource):
 
             self.buffered = ReplayBufferBatches(
                 trainer.config,
-                lambda prompts, step, first: trainer._rollout(prompts, step, first_prompt=first),
+                lambda prompts, step, first, epoch: trainer._rollout(prompts, step, epoch=epoch, first_prompt=first),
                 lambda: trainer.prompts,
+                lambda: trainer.state.epoch,
             )
 
     def next_batch(self, step: StepState) -> DataProto | None:
@@ -232,7 +233,7 @@ class SyncRolloutSource(RolloutSource):
     def _from_buffer(self, step: StepState) -> DataProto | None:
         """``replay_buffer``: veRL 0.10's sync schedule (:mod:`verl.trainer.ppo.replay_batches`)."""
         trainer = self.trainer
-        return self.buffered.next_batch(step, trainer.state.global_steps, lambda: trainer.state.epoch)
+        return self.buffered.next_batch(step, trainer.state.global_steps)
 
     def state_dict(self) -> dict[str, Any]:
         return self.buffered.state_dict() if self.buffered is not None else {}
