@@ -211,3 +211,11 @@ def test_without_a_filter_the_replay_buffer_schedule_gives_the_fixed_lag_batches
     for a, b in zip(batches, buffered[3], strict=True):
         assert list(a.non_tensor_batch["uid"]) == list(b.non_tensor_batch["uid"])
         assert torch.equal(a.batch["token_level_scores"], b.batch["token_level_scores"])
+
+
+def test_a_recipes_own_rollout_filter_is_refused_under_the_replay_buffer_schedule():
+    trainer = StandInTrainer(filter_groups=True, schedule="replay_buffer")
+    SyncRolloutSource(trainer)  # DAPO's own filter: the buffer does its work
+    trainer.rollout_filter = lambda batch, step: batch
+    with pytest.raises(ValueError, match=r"StandInTrainer._create_rollout_filter gives a rollout filter of its own"):
+        SyncRolloutSource(trainer)

@@ -32,7 +32,7 @@ from omegaconf import OmegaConf
 
 from verl.protocol import DataProto
 from verl.trainer.config.layout import trainer_mode
-from verl.trainer.ppo.dynamic_sampling import StepState
+from verl.trainer.ppo.dynamic_sampling import StepState, accumulate_groups
 
 if TYPE_CHECKING:
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
@@ -196,6 +196,14 @@ class SyncRolloutSource(RolloutSource):
         self.buffered: ReplayBufferBatches | None = None
         if OmegaConf.select(trainer.config, "trainer.v1.sampler.schedule", default="fixed_lag") == "replay_buffer":
             from verl.trainer.ppo.replay_batches import ReplayBufferBatches
+
+            own = trainer.rollout_filter
+            if own is not None and getattr(own, "func", None) is not accumulate_groups:  # not DAPO's, a recipe's
+                raise ValueError(
+                    f"{type(trainer).__qualname__}._create_rollout_filter gives a rollout filter of its own, which "
+                    "trainer.v1.sampler.schedule=replay_buffer does not apply (its buffer evicts DAPO's filtered "
+                    "groups itself); use trainer.v1.sampler.schedule=fixed_lag"
+                )
 
             self.buffered = ReplayBufferBatches(
                 trainer.config,
