@@ -42,6 +42,8 @@ __all__ = ["PythonSandbox", "SandboxLimits", "SandboxResult", "SandboxUnavailabl
 
 logger = logging.getLogger(__name__)
 
+# after a run is killed for its output, how long its pipes and exit may take before it is killed and reaped again
+REAP_GRACE_S = 5.0
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/work", "PYTHONDONTWRITEBYTECODE": "1"}
 _UID_BASE, _UID_SPAN, _NOBODY = 0x70000000, 1 << 24, 65534  # per-run uids: RLIMIT_NPROC then counts one run only
 _PROBE = """import ctypes, json, os, socket
@@ -202,15 +204,24 @@ class PythonSandbox:
             _read_capped(proc.stderr, outcome.err, cap, overflow),
         )
         tasks = [asyncio.ensure_future(job) for job in jobs]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.limits.wall_seconds
+        pending: set[asyncio.Future] = set(tasks)
         try:
-            _, pending = await asyncio.wait(tasks, timeout=self.limits.wall_seconds)
+            while pending:
+                left = deadline - loop.time()
+                if outcome.truncated:  # killed for its output: only the reaping is left, which the finally redoes
+                    left = min(left, REAP_GRACE_S)
+                if left <= 0:
+                    break
+                _, pending = await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
         finally:
             _kill_group(proc)
             for task in tasks:
                 task.cancel()
             await asyncio.wait(tasks)
             await proc.wait()
-        outcome.timed_out = bool(pending)
+        outcome.timed_out = bool(pending) and not outcome.truncated
         failed = [task.exception() for task in tasks if not task.cancelled() and task.exception()]
         if failed:
             raise failed[0]
