@@ -104,8 +104,12 @@ def test_a_source_without_state_refuses_a_checkpoint_that_holds_some():
 
 def test_the_registry_names_the_modes():
     assert "sync" in registered_rollout_sources() and get_rollout_source_class("sync") is SyncRolloutSource
-    with pytest.raises(ValueError, match="trainer.mode='nope' has no rollout source; registered: .*'sync'"):
+    with pytest.raises(
+        ValueError, match="trainer.mode='nope' with .*schedule='fixed_lag' has no rollout source; .*'sync'"
+    ):
         get_rollout_source_class("nope")
+    assert "sync+replay_buffer" in registered_rollout_sources()  # a schedule other than the fixed lag
+    assert get_rollout_source_class("sync", "replay_buffer").__name__ == "SyncReplaySource"
     with pytest.raises(ValueError, match="already has the rollout source SyncRolloutSource"):
         register_rollout_source("sync")(type("Other", (RolloutSource,), {"next_batch": lambda self, step: None}))
     with pytest.raises(TypeError, match="decorates RolloutSource subclasses"):
@@ -200,7 +204,7 @@ def test_without_a_filter_the_replay_buffer_schedule_gives_the_fixed_lag_batches
     got = {}
     for schedule in ("fixed_lag", "replay_buffer"):
         trainer = StandInTrainer(filter_groups=False, schedule=schedule)
-        source = SyncRolloutSource(trainer)
+        source = get_rollout_source_class("sync", schedule)(trainer)
         batches = []
         for global_steps in (1, 2):
             trainer.state.global_steps = global_steps
@@ -215,7 +219,8 @@ def test_without_a_filter_the_replay_buffer_schedule_gives_the_fixed_lag_batches
 
 def test_a_recipes_own_rollout_filter_is_refused_under_the_replay_buffer_schedule():
     trainer = StandInTrainer(filter_groups=True, schedule="replay_buffer")
-    SyncRolloutSource(trainer)  # DAPO's own filter: the buffer does its work
+    source_class = get_rollout_source_class("sync", "replay_buffer")
+    source_class(trainer)  # DAPO's own filter: the buffer does its work
     trainer.rollout_filter = lambda batch, step: batch
     with pytest.raises(ValueError, match=r"StandInTrainer._create_rollout_filter gives a rollout filter of its own"):
-        SyncRolloutSource(trainer)
+        source_class(trainer)

@@ -166,7 +166,8 @@ class RayPPOTrainer(TrainerHooks, TrainerGeneration, TrainerCheckpointing, Train
         logger.info("zero-advantage samples: %s", f"kept ({why_kept})" if why_kept else "skipped in the update")
         self.state = TrainerState(kl_ctrl=self.kl_ctrl_in_reward, dataloader=self.train_dataloader)
         self.rollout_filter = self._create_rollout_filter()
-        self.rollout_source = get_rollout_source_class(self.rollout_mode or trainer_mode(self.config))(self)
+        schedule = OmegaConf.select(self.config, "trainer.v1.sampler.schedule", default="fixed_lag")
+        self.rollout_source = get_rollout_source_class(self.rollout_mode or trainer_mode(self.config), schedule)(self)
         self.state.source = self.rollout_source
         self.prompts: PromptStream | None = None  # the training prompts, from fit(); a recipe's fit() reads the loader
 

@@ -25,10 +25,11 @@ import numpy as np
 
 from verl.protocol import DataProto
 from verl.trainer.ppo.dynamic_sampling import StepState, group_filter_values
+from verl.trainer.ppo.rollout_source import SyncRolloutSource, refuse_own_rollout_filter, register_rollout_source
 from verl.trainer.ppo.v1.replay_buffer import DAPO_FILTERED_REWARD_COUNTS_KEY, ReplayBuffer
 from verl.utils.tracking.tables import FILTERED_REWARD_TABLE_KEY
 
-__all__ = ["PromptPool", "ReplayBufferBatches"]
+__all__ = ["PromptPool", "ReplayBufferBatches", "SyncReplaySource"]
 
 logger = logging.getLogger(__name__)
 
@@ -208,3 +209,28 @@ class ReplayBufferBatches:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.pool.load_state_dict(state.get("prompt_pool") or {})
+
+
+@register_rollout_source("sync", schedule="replay_buffer")
+class SyncReplaySource(SyncRolloutSource):
+    """``trainer.mode=sync`` with ``trainer.v1.sampler.schedule=replay_buffer``: the step's batch through the
+    replay buffer (:class:`ReplayBufferBatches`); the engines sleep after it as under the fixed lag."""
+
+    def __init__(self, trainer: Any) -> None:
+        super().__init__(trainer)
+        refuse_own_rollout_filter(trainer, "replay_buffer")
+        self.buffered = ReplayBufferBatches(
+            trainer.config,
+            lambda prompts, step, first, epoch: trainer._rollout(prompts, step, epoch=epoch, first_prompt=first),
+            lambda: trainer.prompts,
+            lambda: trainer.state.epoch,
+        )
+
+    def _assemble(self, step: StepState) -> DataProto | None:
+        return self.buffered.next_batch(step, self.trainer.state.global_steps)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.buffered.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.buffered.load_state_dict(state)

@@ -28,15 +28,12 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from omegaconf import OmegaConf
-
 from verl.protocol import DataProto
 from verl.trainer.config.layout import trainer_mode
 from verl.trainer.ppo.dynamic_sampling import StepState, accumulate_groups
 
 if TYPE_CHECKING:
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
-    from verl.trainer.ppo.replay_batches import ReplayBufferBatches
     from verl.trainer.ppo.trainer_state import TrainerState
 
 __all__ = [
@@ -45,6 +42,7 @@ __all__ = [
     "RolloutSource",
     "SyncRolloutSource",
     "get_rollout_source_class",
+    "refuse_own_rollout_filter",
     "register_rollout_source",
     "registered_rollout_sources",
 ]
@@ -149,40 +147,68 @@ class RolloutSource(abc.ABC):
 
 
 _SOURCES: dict[str, type[RolloutSource]] = {}
+FIXED_LAG = "fixed_lag"  # trainer.v1.sampler.schedule's default
 
 
-def register_rollout_source(mode: str) -> Callable[[type[RolloutSource]], type[RolloutSource]]:
-    """Class decorator: the :class:`RolloutSource` of ``trainer.mode=<mode>``."""
+def _key(mode: str, schedule: str) -> str:
+    return mode if schedule == FIXED_LAG else f"{mode}+{schedule}"
+
+
+def register_rollout_source(
+    mode: str, schedule: str = FIXED_LAG
+) -> Callable[[type[RolloutSource]], type[RolloutSource]]:
+    """Class decorator: the :class:`RolloutSource` of ``trainer.mode=<mode>`` under ``trainer.v1.sampler.schedule=
+    <schedule>``."""
+    key = _key(mode, schedule)
 
     def decorator(cls: type[RolloutSource]) -> type[RolloutSource]:
         if not (isinstance(cls, type) and issubclass(cls, RolloutSource)):
-            raise TypeError(f"register_rollout_source({mode!r}) decorates RolloutSource subclasses, got {cls!r}")
-        if _SOURCES.get(mode, cls) is not cls:
-            raise ValueError(f"trainer.mode {mode!r} already has the rollout source {_SOURCES[mode].__qualname__}")
-        _SOURCES[mode] = cls
+            raise TypeError(f"register_rollout_source({key!r}) decorates RolloutSource subclasses, got {cls!r}")
+        if _SOURCES.get(key, cls) is not cls:
+            raise ValueError(f"{key!r} already has the rollout source {_SOURCES[key].__qualname__}")
+        _SOURCES[key] = cls
         return cls
 
     return decorator
 
 
 def registered_rollout_sources() -> list[str]:
-    """The trainer modes that have a rollout source."""
+    """The trainer modes that have a rollout source (``<mode>+<schedule>`` for a schedule other than the fixed
+    lag)."""
     return sorted({*_SOURCES, *_BUILT_IN})
 
 
 _BUILT_IN = {
+    "sync+replay_buffer": "verl.trainer.ppo.replay_batches",
     "colocate_async": "verl.trainer.ppo.colocate_async",
+    "colocate_async+replay_buffer": "verl.trainer.ppo.colocate_replay",
     "separate_async": "verl.trainer.ppo.separate_async",
 }  # imported on first use
 
 
-def get_rollout_source_class(mode: str) -> type[RolloutSource]:
-    """The rollout source of ``trainer.mode=<mode>``."""
-    if mode not in _SOURCES and mode in _BUILT_IN:
-        importlib.import_module(_BUILT_IN[mode])
-    if mode not in _SOURCES:
-        raise ValueError(f"trainer.mode={mode!r} has no rollout source; registered: {registered_rollout_sources()}")
-    return _SOURCES[mode]
+def get_rollout_source_class(mode: str, schedule: str = FIXED_LAG) -> type[RolloutSource]:
+    """The rollout source of ``trainer.mode=<mode>`` under ``trainer.v1.sampler.schedule=<schedule>``."""
+    key = _key(mode, schedule)
+    if key not in _SOURCES and key in _BUILT_IN:
+        importlib.import_module(_BUILT_IN[key])
+    if key not in _SOURCES:
+        raise ValueError(
+            f"trainer.mode={mode!r} with trainer.v1.sampler.schedule={schedule!r} has no rollout source; registered: "
+            f"{registered_rollout_sources()}"
+        )
+    return _SOURCES[key]
+
+
+def refuse_own_rollout_filter(trainer: Any, schedule: str) -> None:
+    """A schedule whose replay buffer evicts DAPO's filtered groups itself cannot also apply a recipe's own rollout
+    filter (``_create_rollout_filter``): refuse it by name rather than skip it."""
+    own = trainer.rollout_filter
+    if own is not None and getattr(own, "func", None) is not accumulate_groups:
+        raise ValueError(
+            f"{type(trainer).__qualname__}._create_rollout_filter gives a rollout filter of its own, which "
+            f"trainer.v1.sampler.schedule={schedule} does not apply (its buffer evicts DAPO's filtered groups "
+            f"itself); use trainer.v1.sampler.schedule={FIXED_LAG}"
+        )
 
 
 @register_rollout_source("sync")
@@ -191,30 +217,9 @@ class SyncRolloutSource(RolloutSource):
     latest update (lag 0). After generating, the rollout engines sleep (``rollout.free_cache_engine``) when the
     step updates the actor, whose weight push wakes them; in a critic-warmup step they stay awake."""
 
-    def __init__(self, trainer: RayPPOTrainer) -> None:
-        super().__init__(trainer)
-        self.buffered: ReplayBufferBatches | None = None
-        if OmegaConf.select(trainer.config, "trainer.v1.sampler.schedule", default="fixed_lag") == "replay_buffer":
-            from verl.trainer.ppo.replay_batches import ReplayBufferBatches
-
-            own = trainer.rollout_filter
-            if own is not None and getattr(own, "func", None) is not accumulate_groups:  # not DAPO's, a recipe's
-                raise ValueError(
-                    f"{type(trainer).__qualname__}._create_rollout_filter gives a rollout filter of its own, which "
-                    "trainer.v1.sampler.schedule=replay_buffer does not apply (its buffer evicts DAPO's filtered "
-                    "groups itself); use trainer.v1.sampler.schedule=fixed_lag"
-                )
-
-            self.buffered = ReplayBufferBatches(
-                trainer.config,
-                lambda prompts, step, first, epoch: trainer._rollout(prompts, step, epoch=epoch, first_prompt=first),
-                lambda: trainer.prompts,
-                lambda: trainer.state.epoch,
-            )
-
     def next_batch(self, step: StepState) -> DataProto | None:
         trainer = self.trainer
-        batch = self._from_buffer(step) if self.buffered is not None else self._generated(step)
+        batch = self._assemble(step)
         if batch is None:
             self.data_ran_out(step)
         elif trainer._updates_actor():
@@ -222,7 +227,7 @@ class SyncRolloutSource(RolloutSource):
                 trainer.checkpoint_manager.sleep_replicas()
         return batch
 
-    def _generated(self, step: StepState) -> DataProto | None:
+    def _assemble(self, step: StepState) -> DataProto | None:
         """``fixed_lag``: generation batches of ``data.gen_batch_size`` prompts until the rollout filter (if any)
         has a full training batch."""
         trainer = self.trainer
@@ -237,17 +242,3 @@ class SyncRolloutSource(RolloutSource):
             batch = trainer.rollout_filter(batch, step)
             if batch is not None:
                 return batch
-
-    def _from_buffer(self, step: StepState) -> DataProto | None:
-        """``replay_buffer``: veRL 0.10's sync schedule (:mod:`verl.trainer.ppo.replay_batches`)."""
-        trainer = self.trainer
-        return self.buffered.next_batch(step, trainer.state.global_steps)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.buffered.state_dict() if self.buffered is not None else {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self.buffered is None:
-            super().load_state_dict(state)
-        else:
-            self.buffered.load_state_dict(state)
