@@ -329,8 +329,9 @@ DESCRIPTIONS |= {
     "batch is generated (veRL streams them).",
     "trainer.v1.sampler.schedule": "Ours: how a step's batch is chosen. `fixed_lag`: `async_training.max_lag` "
     "batches ahead, each from one weight version, trained in order (reproducible; lag 0 equals sync). "
-    "`replay_buffer`: veRL 0.10's buffer (DAPO-filtered groups evicted and refilled two for one under "
-    "`max_inflight_gen_batches`, the surplus discarded); the sync mode only for now.",
+    "`replay_buffer`: veRL 0.10's buffer: sync (DAPO-filtered groups refilled two for one under "
+    "`max_inflight_gen_batches`, the surplus discarded) and colocate_async (`num_warmup_batches` ahead; stale and "
+    "filtered groups refilled one for one, the rest kept); not separate_async yet.",
     "trainer.v1.sampler.max_off_policy_threshold": "The oldest group trained, in model versions; the fixed lag L "
     "(age L + 1) must not pass it (checked at start-up).",
     "trainer.v1.sampler.max_off_policy_strategy": "`drop` or `wait` for a group past the threshold; under the fixed "

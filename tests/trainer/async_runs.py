@@ -8,7 +8,8 @@ All runs train PPO with a critic (GAE) and a KL loss (the reference policy runs 
 
 - ``sync``: the reference, one training worker.
 - ``colocate_lag0`` / ``colocate_lag1`` (2 training workers + 2 resident servers, every push verified) /
-  ``colocate_lag1_again`` / ``colocate_resumed`` (from ``colocate_lag1``'s step-1 checkpoint).
+  ``colocate_lag1_again`` (the same under ``trainer.v1.sampler.schedule=replay_buffer``) / ``colocate_resumed``
+  (from ``colocate_lag1``'s step-1 checkpoint).
 - ``separate_lag0`` / ``separate_lag1`` (1 training worker, a rollout pool of 2 servers, every push verified) /
   ``separate_lag1_again`` / ``separate_resumed`` (from ``separate_lag1``'s step-1 checkpoint).
 - ``separate_partial``: partial rollout on two Ray nodes of this machine (``tests/trainer/ray_nodes.py``), the
@@ -126,7 +127,8 @@ def _colocate_lag1(work: Path) -> Prepared:
 
 @cli_run("colocate_lag1_again", cost_s=80)
 def _colocate_lag1_again(work: Path) -> Prepared:
-    return COLOCATE, {}
+    """colocate_lag1 under veRL 0.10's replay-buffer schedule (one warm-up batch): it must train the same steps."""
+    return [*COLOCATE, "trainer.v1.sampler.schedule=replay_buffer"], {}
 
 
 @cli_run("separate_lag0", cost_s=65)

@@ -64,6 +64,8 @@ def test_lag0_equals_sync(cli_runs):
 
 @needs("colocate_lag1", "colocate_lag1_again")
 def test_lag1_trains_one_version_behind_and_reproduces_itself(cli_runs):
+    """... and the replay-buffer schedule with one warm-up batch (colocate_lag1_again) trains the same steps: the
+    two schedules differ only in evictions, and at lag 1 under the default threshold nothing is stale."""
     runs = records_of(cli_runs, "colocate_lag1", "colocate_lag1_again")
     records = logged(runs["colocate_lag1"])
     assert [d["training/global_step"] for d in records] == [1, 2, 3]

@@ -232,8 +232,9 @@ def test_veRLs_async_keys_under_the_fixed_lag(caplog):
         ConfigError, match=r"parameter_sync_step=3: .*train_batch_size=8 .*mini_batch_size=4 .*here 2 optimizer"
     ):
         validate_config(merged([*VALID, *SEPARATE_V1, "trainer.v1.separate_async.parameter_sync_step=3"]))
-    with pytest.raises(ConfigError, match="schedule=replay_buffer with trainer.v1.trainer_mode=colocate_async: only"):
-        validate_config(merged([*VALID, "trainer.mode=colocate_async", "trainer.v1.sampler.schedule=replay_buffer"]))
+    with pytest.raises(ConfigError, match="schedule=replay_buffer with trainer.v1.trainer_mode=separate_async: the"):
+        validate_config(merged([*VALID, *SEPARATE_V1, "trainer.v1.sampler.schedule=replay_buffer"]))
+    validate_config(merged([*VALID, "trainer.mode=colocate_async", "trainer.v1.sampler.schedule=replay_buffer"]))
     with caplog.at_level(logging.WARNING, logger="verl.trainer.config"):
         dapo = ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc"]
         validate_config(

@@ -5,8 +5,9 @@
 ``fixed_lag`` (the default) generates ``async_training.max_lag`` batches ahead, each from one weight version, and
 trains them in order: reproducible, and at lag 0 the sync run step for step. ``replay_buffer`` is veRL's own
 schedule, a replay buffer that samples finished groups and evicts the filtered and the stale
-(:mod:`verl.trainer.ppo.v1.replay_buffer`): wired into the sync mode (:mod:`verl.trainer.ppo.replay_batches`, where
-it differs from ``fixed_lag`` only with DAPO's dynamic sampling), not yet into the async modes. Under ``fixed_lag``
+(:mod:`verl.trainer.ppo.v1.replay_buffer`): wired into the sync mode (:mod:`verl.trainer.ppo.replay_batches`) and
+``colocate_async`` (:mod:`verl.trainer.ppo.colocate_replay`), where it differs from ``fixed_lag`` only when groups
+are evicted (DAPO's filter; staleness past the threshold); not yet into ``separate_async``. Under ``fixed_lag``
 veRL's keys mean:
 
 - ``trainer.v1.<mode>.num_warmup_batches``: the batches generated ahead, i.e. ``async_training.max_lag`` (one
@@ -57,20 +58,19 @@ def check_v1_trainer(
     schedule = sampler.get("schedule", "fixed_lag")
     if schedule not in SCHEDULES:
         problems.append(f"{SAMPLER}.schedule={schedule!r}; use one of {SCHEDULES}")
-    elif schedule == "replay_buffer" and mode != "sync":
+    elif schedule == "replay_buffer" and mode == "separate_async":
         problems.append(
-            f"{SAMPLER}.schedule=replay_buffer with trainer.v1.trainer_mode={mode}: only the sync mode takes its "
-            "batches through veRL's replay buffer yet (the async modes' eviction and refill are not wired); use "
-            "fixed_lag"
+            f"{SAMPLER}.schedule=replay_buffer with trainer.v1.trainer_mode={mode}: the sync and colocate_async "
+            "modes take their batches through veRL's replay buffer; separate_async's is not wired yet; use fixed_lag"
         )
     _filter_groups(config, schedule)
-    _custom_sampler(sampler, schedule, problems, check_environment)
+    _custom_sampler(sampler, schedule, mode, problems, check_environment)
     threshold, strategy = sampler.max_off_policy_threshold, sampler.max_off_policy_strategy
     if not _int_at_least(threshold, 1):
         problems.append(f"{SAMPLER}.max_off_policy_threshold={threshold!r}: a model-version count, an integer >= 1")
     if strategy not in STRATEGIES:
         problems.append(f"{SAMPLER}.max_off_policy_strategy={strategy!r}; use one of {STRATEGIES}")
-    if mode in ASYNC_MODES and _int_at_least(threshold, 1):
+    if mode in ASYNC_MODES and schedule == "fixed_lag" and _int_at_least(threshold, 1):
         lag = async_training_config(config).max_lag
         if lag + 1 > threshold:
             problems.append(
@@ -140,7 +140,7 @@ def _filter_groups(config: Any, schedule: str) -> None:
         )
 
 
-def _custom_sampler(sampler: Any, schedule: str, problems: list[str], check_environment: bool) -> None:
+def _custom_sampler(sampler: Any, schedule: str, mode: str, problems: list[str], check_environment: bool) -> None:
     """``custom_sampler`` / ``sampler_kwargs`` go to a replay buffer: only ``schedule=replay_buffer`` has one."""
     custom = sampler.get("custom_sampler") or {}
     given = [
@@ -156,12 +156,12 @@ def _custom_sampler(sampler: Any, schedule: str, problems: list[str], check_envi
     if schedule != "replay_buffer":
         problems.append(
             f"{', '.join(given)}: read by the replay buffer, which {SAMPLER}.schedule={schedule} does not use; set "
-            f"{SAMPLER}.schedule=replay_buffer (sync mode)"
+            f"{SAMPLER}.schedule=replay_buffer (sync or colocate_async)"
         )
     elif check_environment and custom.get("path"):
         from verl.trainer.ppo.replay_batches import sampler_class
 
         try:
-            sampler_class(sampler)
+            sampler_class(sampler, is_async=mode in ASYNC_MODES)
         except (ValueError, TypeError) as e:
             problems.append(str(e))

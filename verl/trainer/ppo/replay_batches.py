@@ -26,10 +26,10 @@ import numpy as np
 from verl.protocol import DataProto
 from verl.trainer.ppo.dynamic_sampling import StepState, group_filter_values
 from verl.trainer.ppo.rollout_source import SyncRolloutSource, refuse_own_rollout_filter, register_rollout_source
-from verl.trainer.ppo.v1.replay_buffer import DAPO_FILTERED_REWARD_COUNTS_KEY, ReplayBuffer
+from verl.trainer.ppo.v1.replay_buffer import DAPO_FILTERED_REWARD_COUNTS_KEY, ReplayBuffer, ReplayBufferAsync
 from verl.utils.tracking.tables import FILTERED_REWARD_TABLE_KEY
 
-__all__ = ["PromptPool", "ReplayBufferBatches", "SyncReplaySource"]
+__all__ = ["DataRanOut", "PromptPool", "ReplayBufferBatches", "SyncReplaySource", "buffer_kwargs", "sampler_class"]
 
 logger = logging.getLogger(__name__)
 
@@ -84,12 +84,13 @@ class PromptPool:
         self.leftover, self.leftover_epoch = state.get("leftover"), int(state.get("leftover_epoch", 0))
 
 
-def sampler_class(sampler: Any) -> type[ReplayBuffer]:
+def sampler_class(sampler: Any, is_async: bool = False) -> type[ReplayBuffer]:
     """The buffer class: ``trainer.v1.sampler.custom_sampler.{path,name}`` (a :class:`ReplayBuffer` subclass of
-    the user's, taking the built-in's keyword arguments, ``sampler_kwargs`` among them), else the built-in."""
+    the user's, taking the built-in's keyword arguments, ``sampler_kwargs`` among them), else the built-in
+    (:class:`ReplayBufferAsync` for an async mode)."""
     custom = sampler.get("custom_sampler") or {}
     if not custom.get("path"):
-        return ReplayBuffer
+        return ReplayBufferAsync if is_async else ReplayBuffer
     from verl.utils.import_utils import load_extern_type
 
     where = f"trainer.v1.sampler.custom_sampler (path={custom.get('path')!r}, name={custom.get('name')!r})"
@@ -103,12 +104,26 @@ def sampler_class(sampler: Any) -> type[ReplayBuffer]:
             "put_prompt / put_trajectory / set_status the sync schedule writes and whose sample(global_steps, "
             "partition_id, batch_size) it reads"
         )
-    if cls.is_async:
-        raise TypeError(
-            f"{where}: {cls.__qualname__} is an async buffer (is_async=True); the sync mode needs a sync one"
-        )
+    if cls.is_async != is_async:
+        kind, mode = ("an async", "the sync mode") if cls.is_async else ("a sync", "an async mode")
+        raise TypeError(f"{where}: {cls.__qualname__} is {kind} buffer (is_async={cls.is_async}); {mode} needs another")
     logger.info("replay buffer: %s from %s", cls.__qualname__, custom["path"])
     return cls
+
+
+def buffer_kwargs(config: Any, mode: str, refill_fn: Callable[[int], Any]) -> dict[str, Any]:
+    """The keyword arguments every buffer class takes, from ``trainer.v1`` and ``algorithm.filter_groups``."""
+    sampler, filter_cfg = config.trainer.v1.sampler, config.algorithm.get("filter_groups") or {}
+    return {
+        "trainer_mode": mode,
+        "trainer_config": config.trainer.v1.get(mode),
+        "max_off_policy_threshold": int(sampler.max_off_policy_threshold),
+        "max_off_policy_strategy": str(sampler.max_off_policy_strategy),
+        "sampler_kwargs": dict(sampler.get("sampler_kwargs") or {}),
+        "refill_fn": refill_fn,
+        "filter_groups_metric": filter_cfg.get("metric") if filter_cfg.get("enable", False) else None,
+        "poll_interval": 0.05,
+    }
 
 
 class ReplayBufferBatches:
@@ -135,16 +150,9 @@ class ReplayBufferBatches:
         self.train_batch_size = int(config.data.train_batch_size)
         self.rollout, self.pool, self.epoch = rollout, PromptPool(prompts, epoch), epoch
         self.buffer = sampler_class(sampler)(
-            trainer_mode="sync",
-            trainer_config=config.trainer.v1.get("sync"),
-            max_off_policy_threshold=int(sampler.max_off_policy_threshold),
-            max_off_policy_strategy=str(sampler.max_off_policy_strategy),
-            sampler_kwargs=dict(sampler.get("sampler_kwargs") or {}),
-            refill_fn=self._refill,
-            filter_groups_metric=self.metric,
+            **buffer_kwargs(config, "sync", self._refill),
             train_batch_size=self.train_batch_size,
             max_inflight_gen_batches=int(filter_cfg.get("max_inflight_gen_batches", 1)),
-            poll_interval=0.05,
         )
         self._step: StepState | None = None
         self._global_steps = 0

@@ -170,6 +170,26 @@ class ReplayBuffer:
             self._group(partition_id, uid).status = status
             self._changed.notify_all()
 
+    def groups(self, partition_id: str) -> list[PromptGroup]:
+        """The groups ``partition_id`` holds now, in dispatch order (a snapshot)."""
+        with self._changed:
+            return sorted(self._groups.get(partition_id, {}).values(), key=lambda g: g.order)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The groups held, for a checkpoint taken when none is pending or running (raises otherwise)."""
+        with self._changed:
+            busy = [g.uid for groups in self._groups.values() for g in groups.values() if g.status not in TERMINAL]
+            if busy:
+                raise RuntimeError(f"a replay buffer with {len(busy)} groups still in flight cannot be saved")
+            return {"order": self._order, "groups": {p: list(g.values()) for p, g in self._groups.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Hold what :meth:`state_dict` returned (the groups replace any held)."""
+        with self._changed:
+            self._order = int(state["order"])
+            self._groups = {p: {g.uid: g for g in groups} for p, groups in state["groups"].items()}
+            self._changed.notify_all()
+
     def clear(self, partition_id: str) -> None:
         """Forget every group of ``partition_id`` (a step abandoned when the data ran out)."""
         with self._changed:

@@ -1,0 +1,104 @@
+"""`ColocateReplaySource` (colocate_async under trainer.v1.sampler.schedule=replay_buffer) without Ray: the same
+stand-in trainer and step loop as test_colocate_async_source (its ``_rollout`` scores on the source's generation
+thread instead of generating, recording prompts, weight version and seed), with the real ReplayBufferAsync."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.trainer.ppo.test_colocate_async_source import AheadTrainer, train
+from verl.trainer.ppo.dynamic_sampling import StepState
+from verl.trainer.ppo.rollout_source import get_rollout_source_class
+
+
+def buffered(trainer: AheadTrainer, **sampler):
+    trainer.config.trainer.v1.sampler.schedule = "replay_buffer"
+    for key, value in sampler.items():
+        trainer.config.trainer.v1.sampler[key] = value
+    return get_rollout_source_class("colocate_async", "replay_buffer")(trainer)
+
+
+@pytest.mark.parametrize("warmup", [0, 1, 2])
+def test_without_a_filter_warmup_batches_give_the_fixed_lag_schedule(warmup):
+    runs = {}
+    for schedule in ("fixed_lag", "replay_buffer"):
+        trainer = AheadTrainer(warmup, total_steps=5)
+        source = (
+            buffered(trainer) if schedule == "replay_buffer" else get_rollout_source_class("colocate_async")(trainer)
+        )
+        runs[schedule] = (train(trainer, source, 5), trainer.generated)
+        source.close()
+    assert runs["replay_buffer"] == runs["fixed_lag"]  # trained prompts; generated prompts, versions and seeds
+    assert [version for _, version, _ in runs["fixed_lag"][1]] == [max(0, j - warmup) for j in range(5)]
+
+
+def test_dapo_filtered_groups_are_refilled_one_for_one_and_the_rest_kept_for_later():
+    # the stand-in's even prompts score alike (filtered), its odd ones do not
+    trainer = AheadTrainer(max_lag=1, total_steps=2, filter_groups=True, epochs=3)
+    source = buffered(trainer)
+    steps = []
+    for _ in range(2):
+        trainer.state.global_steps += 1
+        step = StepState(metrics={})
+        batch = source.next_batch(step)
+        steps.append((sorted({int(u) for u in batch.non_tensor_batch["uid"]}), step.metrics))
+        source.before_weights(step)
+        trainer.state.weight_version += 1
+    sizes = [len(prompts) for prompts, _, _ in trainer.generated]
+    evicted = [m["training/filter_groups/evicted_samples"] for _, m in steps]
+    # two batches of 4 (step 1 and its warm-up) and refills of exactly as many prompts as groups were evicted
+    assert sizes[:2] == [4, 4] and sum(sizes[2:]) == sum(evicted) and sum(evicted) > 0
+    assert all(i % 2 for trained, _ in steps for i in trained)  # only informative groups are trained
+    assert all(m["training/filter_groups/discarded_surplus_samples"] == 0 for _, m in steps)  # async: kept, not cut
+    source.close()
+
+
+def test_a_stale_group_is_dropped_and_refilled_with_a_fresh_prompt():
+    # 2 warm-up batches with a threshold of 2 versions: step 3's oldest batch (dispatched at step 1) is 3 old
+    trainer = AheadTrainer(max_lag=2, total_steps=3, epochs=3)
+    source = buffered(trainer, max_off_policy_threshold=2)
+    metrics = []
+    for _ in range(3):
+        trainer.state.global_steps += 1
+        step = StepState(metrics={})
+        source.next_batch(step)
+        metrics.append(step.metrics)
+        source.before_weights(step)
+        trainer.state.weight_version += 1
+    assert [m.get("training/off_policy/evicted_samples", 0) for m in metrics] == [0, 0, 4]
+    assert metrics[2]["training/off_policy/evicted_samples_staleness/max"] == 3
+    # three batches dispatched at step 1 (versions 0), then 4 prompts generated at step 3 with version 2
+    assert [(len(p), version) for p, version, _ in trainer.generated] == [(4, 0), (4, 0), (4, 0), (4, 2)]
+    source.close()
+
+
+def test_a_checkpoint_resumes_the_same_schedule():
+    straight = AheadTrainer(max_lag=1, total_steps=4, filter_groups=True, epochs=4)
+    source = buffered(straight)
+    expected = train_steps(straight, source, 4)
+    source.close()
+
+    trainer = AheadTrainer(max_lag=1, total_steps=4, filter_groups=True, epochs=4)
+    source = buffered(trainer)
+    first = train_steps(trainer, source, 2)
+    saved = source.state_dict()
+    source.close()
+    resumed = buffered(trainer)
+    resumed.load_state_dict(saved)
+    assert first + train_steps(trainer, resumed, 2) == expected
+    with pytest.raises(ValueError, match=r"rollout-source state \['next_index', 'ready'\]"):
+        resumed.load_state_dict({"next_index": 0, "ready": []})  # the fixed-lag source's state
+    resumed.close()
+
+
+def train_steps(trainer: AheadTrainer, source, steps: int) -> list[list[str]]:
+    """fit()'s calls for ``steps`` steps (no timing checks); each step's trained uids in order."""
+    out = []
+    for _ in range(steps):
+        trainer.state.global_steps += 1
+        step = StepState(metrics={})
+        batch = source.next_batch(step)
+        out.append(list(batch.non_tensor_batch["uid"]))
+        source.before_weights(step)
+        trainer.state.weight_version += 1
+    return out
