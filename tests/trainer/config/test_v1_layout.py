@@ -235,6 +235,10 @@ def test_veRLs_async_keys_under_the_fixed_lag(caplog):
     with pytest.raises(ConfigError, match="schedule=replay_buffer with trainer.v1.trainer_mode=separate_async: the"):
         validate_config(merged([*VALID, *SEPARATE_V1, "trainer.v1.sampler.schedule=replay_buffer"]))
     validate_config(merged([*VALID, "trainer.mode=colocate_async", "trainer.v1.sampler.schedule=replay_buffer"]))
+    wait = ["trainer.v1.sampler.max_off_policy_strategy=wait", "trainer.v1.sampler.max_off_policy_threshold=2"]
+    with pytest.raises(ConfigError, match="num_warmup_batches=2 .* age 3, beyond .*threshold=2, and .*wait does not"):
+        buffer = ["trainer.v1.sampler.schedule=replay_buffer", "trainer.v1.colocate_async.num_warmup_batches=2"]
+        validate_config(merged([*VALID, "trainer.mode=colocate_async", *buffer, *wait]))
     with caplog.at_level(logging.WARNING, logger="verl.trainer.config"):
         dapo = ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc"]
         validate_config(

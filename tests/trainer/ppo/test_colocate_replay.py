@@ -9,6 +9,7 @@ import pytest
 from tests.trainer.ppo.test_colocate_async_source import AheadTrainer, train
 from verl.trainer.ppo.dynamic_sampling import StepState
 from verl.trainer.ppo.rollout_source import get_rollout_source_class
+from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
 
 
 def buffered(trainer: AheadTrainer, **sampler):
@@ -70,6 +71,30 @@ def test_a_stale_group_is_dropped_and_refilled_with_a_fresh_prompt():
     # three batches dispatched at step 1 (versions 0), then 4 prompts generated at step 3 with version 2
     assert [(len(p), version) for p, version, _ in trainer.generated] == [(4, 0), (4, 0), (4, 0), (4, 2)]
     source.close()
+
+
+class AgeRecorder(ReplayBufferAsync):
+    """A user's sampler (``custom_sampler``) that records the age of every group it hands out."""
+
+    ages: list[list[int]] = []
+
+    def sample(self, global_steps, partition_id, batch_size):
+        groups, metrics = super().sample(global_steps, partition_id, batch_size)
+        AgeRecorder.ages.append([group.age(global_steps) for group in groups])
+        return groups, metrics
+
+
+def test_wait_trains_no_group_past_the_threshold():
+    """``wait`` evicts nothing: with one batch ahead and a threshold of 2 versions (start-up refuses a warm-up that
+    would pass it), DAPO's refills and kept groups included, no group is trained older than 2."""
+    AgeRecorder.ages = []
+    trainer = AheadTrainer(max_lag=1, total_steps=4, filter_groups=True, epochs=4)
+    custom = {"path": f"pkg://{__name__}", "name": "AgeRecorder"}
+    source = buffered(trainer, max_off_policy_threshold=2, max_off_policy_strategy="wait", custom_sampler=custom)
+    trained = train_steps(trainer, source, 4)
+    source.close()
+    assert len(AgeRecorder.ages) == 4 and all(len(ages) == 4 for ages in AgeRecorder.ages)
+    assert max(max(ages) for ages in AgeRecorder.ages) == 2 and all(len(uids) == 8 for uids in trained)
 
 
 def test_a_checkpoint_resumes_the_same_schedule():

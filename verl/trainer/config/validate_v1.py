@@ -70,6 +70,14 @@ def check_v1_trainer(
         problems.append(f"{SAMPLER}.max_off_policy_threshold={threshold!r}: a model-version count, an integer >= 1")
     if strategy not in STRATEGIES:
         problems.append(f"{SAMPLER}.max_off_policy_strategy={strategy!r}; use one of {STRATEGIES}")
+    if mode == "colocate_async" and schedule == "replay_buffer" and strategy == "wait" and _int_at_least(threshold, 1):
+        lag = async_training_config(config).max_lag
+        if lag + 1 > threshold:
+            problems.append(
+                f"trainer.v1.colocate_async.num_warmup_batches={lag} dispatches groups {lag} steps ahead, trained at "
+                f"age {lag + 1}, beyond {SAMPLER}.max_off_policy_threshold={threshold}, and "
+                f"max_off_policy_strategy=wait does not evict them; lower the warm-up, raise the threshold or use drop"
+            )
     if mode in ASYNC_MODES and schedule == "fixed_lag" and _int_at_least(threshold, 1):
         lag = async_training_config(config).max_lag
         if lag + 1 > threshold:
