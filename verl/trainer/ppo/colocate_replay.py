@@ -22,10 +22,9 @@ from typing import TYPE_CHECKING, Any
 from verl.protocol import DataProto
 from verl.trainer.ppo.colocate_async import ColocateAsyncRolloutSource, Generation
 from verl.trainer.ppo.dynamic_sampling import StepState, group_filter_values
-from verl.trainer.ppo.replay_batches import DataRanOut, PromptPool, buffer_kwargs, sampler_class
+from verl.trainer.ppo.replay_batches import DataRanOut, PromptPool, add_sample_metrics, buffer_kwargs, sampler_class
 from verl.trainer.ppo.rollout_source import RolloutSource, refuse_own_rollout_filter, register_rollout_source
-from verl.trainer.ppo.v1.replay_buffer import DAPO_FILTERED_REWARD_COUNTS_KEY, ReplayBufferClosed
-from verl.utils.tracking.tables import FILTERED_REWARD_TABLE_KEY
+from verl.trainer.ppo.v1.replay_buffer import ReplayBufferClosed
 
 if TYPE_CHECKING:
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
@@ -81,13 +80,7 @@ class ColocateReplaySource(ColocateAsyncRolloutSource):
         finally:
             self._waited += time.perf_counter() - start
         self._take_finished(step, max(d for group in groups for d, _ in group.trajectories))
-        dropped = metrics.pop(DAPO_FILTERED_REWARD_COUNTS_KEY, None)
-        if dropped:
-            step.metrics[FILTERED_REWARD_TABLE_KEY] = dropped
-        step.metrics.update(metrics)
-        if self.metric:
-            for name in ("evicted_samples", "discarded_surplus_samples"):
-                step.metrics.setdefault(f"training/filter_groups/{name}", 0)
+        add_sample_metrics(step, metrics, filtering=bool(self.metric))
         batch = DataProto.concat([self._batches[d].select_idxs([r for _, r in rows]) for d, rows in _runs(groups)])
         self._forget_unreferenced()
         step.timing["wait_rollout"] = self._waited

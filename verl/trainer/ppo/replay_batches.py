@@ -29,7 +29,15 @@ from verl.trainer.ppo.rollout_source import SyncRolloutSource, refuse_own_rollou
 from verl.trainer.ppo.v1.replay_buffer import DAPO_FILTERED_REWARD_COUNTS_KEY, ReplayBuffer, ReplayBufferAsync
 from verl.utils.tracking.tables import FILTERED_REWARD_TABLE_KEY
 
-__all__ = ["DataRanOut", "PromptPool", "ReplayBufferBatches", "SyncReplaySource", "buffer_kwargs", "sampler_class"]
+__all__ = [
+    "DataRanOut",
+    "PromptPool",
+    "ReplayBufferBatches",
+    "SyncReplaySource",
+    "add_sample_metrics",
+    "buffer_kwargs",
+    "sampler_class",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +119,18 @@ def sampler_class(sampler: Any, is_async: bool = False) -> type[ReplayBuffer]:
     return cls
 
 
+def add_sample_metrics(step: StepState, metrics: dict[str, Any], filtering: bool) -> None:
+    """A sample's eviction metrics into ``step``: the filtered groups by value for wandb's table (the trainer logs
+    it there, not among the scalars) and, with DAPO's filter on, its counts even when zero."""
+    dropped = metrics.pop(DAPO_FILTERED_REWARD_COUNTS_KEY, None)
+    if dropped:
+        step.metrics[FILTERED_REWARD_TABLE_KEY] = dropped
+    step.metrics.update(metrics)
+    if filtering:
+        for name in ("evicted_samples", "discarded_surplus_samples"):
+            step.metrics.setdefault(f"training/filter_groups/{name}", 0)
+
+
 def buffer_kwargs(config: Any, mode: str, refill_fn: Callable[[int], Any]) -> dict[str, Any]:
     """The keyword arguments every buffer class takes, from ``trainer.v1`` and ``algorithm.filter_groups``."""
     sampler, filter_cfg = config.trainer.v1.sampler, config.algorithm.get("filter_groups") or {}
@@ -168,14 +188,9 @@ class ReplayBufferBatches:
         except DataRanOut:
             self.buffer.clear(TRAIN)
             return None
-        dropped = metrics.pop(DAPO_FILTERED_REWARD_COUNTS_KEY, None)
-        if dropped:  # the trainer sends it to wandb's table (DapoFilteredRewardTableLogger), not to the scalars
-            step.metrics[FILTERED_REWARD_TABLE_KEY] = dropped
-        step.metrics.update(metrics)
-        if self.metric:  # as the fixed-lag schedule's dynamic sampling logs them
+        add_sample_metrics(step, metrics, filtering=bool(self.metric))
+        if self.metric:  # as the fixed-lag schedule's dynamic sampling logs it
             step.metrics["train/num_gen_batches"] = step.gen_batches
-            for name in ("evicted_samples", "discarded_surplus_samples"):
-                step.metrics.setdefault(f"training/filter_groups/{name}", 0)
         merged = DataProto.concat(self._batches) if len(self._batches) > 1 else self._batches[0]
         offsets = np.cumsum([0] + [len(b) for b in self._batches])
         rows = [int(offsets[b] + r) for group in groups for b, r in group.trajectories]
