@@ -225,7 +225,8 @@ def test_veRLs_async_keys_under_the_fixed_lag(caplog):
             "trainer.mode=colocate_async", "trainer.v1.colocate_async.num_warmup_batches=2", "async_training.max_lag=3"
         )
     with pytest.raises(
-        ConfigError, match=r"max_lag=8 .* of age 9, beyond trainer.v1.sampler.max_off_policy_threshold=8"
+        ConfigError,
+        match=r"max_lag=8 .* at age 9, beyond trainer.v1.sampler.max_off_policy_threshold=8, and the fixed lag evicts",
     ):
         validate_config(merged([*VALID, *SEPARATE_V1, "trainer.v1.separate_async.num_warmup_batches=8"]))
     with pytest.raises(
@@ -236,7 +237,10 @@ def test_veRLs_async_keys_under_the_fixed_lag(caplog):
         validate_config(merged([*VALID, *SEPARATE_V1, "trainer.v1.sampler.schedule=replay_buffer"]))
     validate_config(merged([*VALID, "trainer.mode=colocate_async", "trainer.v1.sampler.schedule=replay_buffer"]))
     wait = ["trainer.v1.sampler.max_off_policy_strategy=wait", "trainer.v1.sampler.max_off_policy_threshold=2"]
-    with pytest.raises(ConfigError, match="num_warmup_batches=2 .* age 3, beyond .*threshold=2, and .*wait does not"):
+    with pytest.raises(
+        ConfigError,
+        match=r"max_lag=2 \(trainer.v1.colocate_async.num_warmup_batches\) .* age 3, beyond .*threshold=2, and .*wait",
+    ):
         buffer = ["trainer.v1.sampler.schedule=replay_buffer", "trainer.v1.colocate_async.num_warmup_batches=2"]
         validate_config(merged([*VALID, "trainer.mode=colocate_async", *buffer, *wait]))
     with caplog.at_level(logging.WARNING, logger="verl.trainer.config"):

@@ -70,30 +70,33 @@ def check_v1_trainer(
         problems.append(f"{SAMPLER}.max_off_policy_threshold={threshold!r}: a model-version count, an integer >= 1")
     if strategy not in STRATEGIES:
         problems.append(f"{SAMPLER}.max_off_policy_strategy={strategy!r}; use one of {STRATEGIES}")
-    if mode == "colocate_async" and schedule == "replay_buffer" and strategy == "wait" and _int_at_least(threshold, 1):
-        lag = async_training_config(config).max_lag
-        if lag + 1 > threshold:
-            problems.append(
-                f"trainer.v1.colocate_async.num_warmup_batches={lag} dispatches groups {lag} steps ahead, trained at "
-                f"age {lag + 1}, beyond {SAMPLER}.max_off_policy_threshold={threshold}, and "
-                f"max_off_policy_strategy=wait does not evict them; lower the warm-up, raise the threshold or use drop"
-            )
-    if mode in ASYNC_MODES and schedule == "fixed_lag" and _int_at_least(threshold, 1):
-        lag = async_training_config(config).max_lag
-        if lag + 1 > threshold:
-            problems.append(
-                f"async_training.max_lag={lag} (trainer.v1.{mode}.num_warmup_batches) trains groups generated {lag} "
-                f"weight versions back, of age {lag + 1}, beyond {SAMPLER}.max_off_policy_threshold={threshold}; "
-                f"lower the lag or raise the threshold"
-            )
-        elif strategy != STRATEGIES[0]:
-            logger.info(
-                "%s.max_off_policy_strategy=%s: under the fixed lag no group reaches the threshold, so drop and wait "
-                "act alike",
-                SAMPLER,
-                strategy,
-            )
+    if _int_at_least(threshold, 1):
+        _staleness_bound(config, mode, schedule, strategy, threshold, problems)
     _parameter_sync_step(config, mode if parameter_sync_step_set else "", problems)
+
+
+def _staleness_bound(config: Any, mode: str, schedule: str, strategy: str, threshold: int, problems: list) -> None:
+    """Where nothing evicts a stale group (the fixed lag in an async mode; colocate_async's buffer under ``wait``),
+    the batches generated ahead (L, trained at age L + 1) must stay within the threshold."""
+    if mode not in ASYNC_MODES or not (schedule == "fixed_lag" or (mode == "colocate_async" and strategy == "wait")):
+        return
+    lag = async_training_config(config).max_lag
+    if lag + 1 > threshold:
+        why = (
+            "the fixed lag evicts nothing" if schedule == "fixed_lag" else "max_off_policy_strategy=wait evicts nothing"
+        )
+        problems.append(
+            f"async_training.max_lag={lag} (trainer.v1.{mode}.num_warmup_batches) trains groups generated {lag} "
+            f"weight versions back, at age {lag + 1}, beyond {SAMPLER}.max_off_policy_threshold={threshold}, and "
+            f"{why}; lower the lag or raise the threshold" + (" or use drop" if schedule != "fixed_lag" else "")
+        )
+    elif schedule == "fixed_lag" and strategy != STRATEGIES[0]:
+        logger.info(
+            "%s.max_off_policy_strategy=%s: under the fixed lag no group reaches the threshold, so drop and wait act "
+            "alike",
+            SAMPLER,
+            strategy,
+        )
 
 
 def _parameter_sync_step(config: Any, mode: str, problems: list[str]) -> None:
