@@ -165,12 +165,13 @@ class ReplayBufferBatches:
         prompts: Callable[[], Any],
         epoch: Callable[[], int],
     ) -> None:
-        sampler, filter_cfg = config.trainer.v1.sampler, config.algorithm.get("filter_groups") or {}
-        self.metric = filter_cfg.get("metric") if filter_cfg.get("enable", False) else None
+        filter_cfg = config.algorithm.get("filter_groups") or {}
+        kwargs = buffer_kwargs(config, "sync", self._dispatch)  # a refill generates at once: the sync mode waits
+        self.metric = kwargs["filter_groups_metric"]
         self.train_batch_size = int(config.data.train_batch_size)
         self.rollout, self.pool, self.epoch = rollout, PromptPool(prompts, epoch), epoch
-        self.buffer = sampler_class(sampler)(
-            **buffer_kwargs(config, "sync", self._refill),
+        self.buffer = sampler_class(config.trainer.v1.sampler)(
+            **kwargs,
             train_batch_size=self.train_batch_size,
             max_inflight_gen_batches=int(filter_cfg.get("max_inflight_gen_batches", 1)),
         )
@@ -196,9 +197,6 @@ class ReplayBufferBatches:
         rows = [int(offsets[b] + r) for group in groups for b, r in group.trajectories]
         self._batches = []
         return merged.select_idxs(rows)
-
-    def _refill(self, k: int) -> None:
-        self._dispatch(k)
 
     def _dispatch(self, k: int) -> None:
         """Generate and score ``k`` new prompts (one generation batch; two at an epoch's end) and record their
