@@ -325,13 +325,15 @@ DESCRIPTIONS |= {
     "trainer.v1.separate_async.num_warmup_batches": "Batches generated ahead of training: the fixed lag, "
     "`async_training.max_lag` (one setting, two names).",
     "trainer.v1.separate_async.parameter_sync_step": "Optimizer steps (mini-batches) per weight push; when set, "
-    "`data.train_batch_size` must equal it × `ppo_mini_batch_size`. The mini-batches train once the step's whole "
-    "batch is generated (veRL streams them).",
+    "`data.train_batch_size` must equal it × `ppo_mini_batch_size`. Under `fixed_lag` the mini-batches train once "
+    "the step's whole batch is generated; under `replay_buffer` each as it is sampled, on the step's π_old (veRL's "
+    "streaming).",
     "trainer.v1.sampler.schedule": "Ours: how a step's batch is chosen. `fixed_lag`: `async_training.max_lag` "
     "batches ahead, each from one weight version, trained in order (reproducible; lag 0 equals sync). "
     "`replay_buffer`: veRL 0.10's buffer: sync (DAPO-filtered groups refilled two for one under "
     "`max_inflight_gen_batches`, the surplus discarded) and colocate_async (`num_warmup_batches` ahead; stale and "
-    "filtered groups refilled one for one, the rest kept); not separate_async yet.",
+    "filtered groups refilled one for one, the rest kept) and separate_async (the same, each step streamed in "
+    "`parameter_sync_step` mini-batches).",
     "trainer.v1.sampler.max_off_policy_threshold": "The oldest group trained, in model versions; the fixed lag L "
     "(age L + 1) must not pass it (checked at start-up).",
     "trainer.v1.sampler.max_off_policy_strategy": "`drop` or `wait` for a group past the threshold; under the fixed "

@@ -20,6 +20,9 @@ All runs train PPO with a critic (GAE) and a KL loss (the reference policy runs 
   0 is killed (SIGKILL; its pid from the trainer's ``placement:`` log line), the moment written to ``killed_at``;
   the run must fail. ``separate_killed_resumed`` restarts it in the same folder with ``trainer.resume_mode=auto``.
 - ``separate_lora``: as ``separate_lag1`` with a LoRA actor (``model.lora_rank=8``): adapter-only pushes.
+- ``separate_buffer``: as ``separate_lag1`` under veRL 0.10's semantics (``trainer.v1.sampler.schedule=
+  replay_buffer``): 16 prompts per step streamed in 2 mini-batches of 8 (``parameter_sync_step=2``), every push
+  verified; ``separate_buffer_resumed`` from its step-1 checkpoint.
 """
 
 from __future__ import annotations
@@ -66,6 +69,12 @@ PARTIAL = [
     "data.max_response_length=32",
     "actor_rollout_ref.rollout.ignore_eos=true",
     "actor_rollout_ref.rollout.max_num_seqs=1",  # generation slower than training: pushes land mid-generation
+]
+BUFFER = [  # veRL 0.10's separate_async: the replay buffer, one warm-up batch, two mini-batches streamed per push
+    *SEPARATE,
+    "trainer.v1.sampler.schedule=replay_buffer",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+    "trainer.v1.separate_async.parameter_sync_step=2",
 ]
 VERIFIED = {"VERL_VERIFY_WEIGHT_SYNC": "1"}  # every push checked bit for bit in the servers
 KILLED = [
@@ -156,6 +165,11 @@ def _separate_killed(work: Path) -> Prepared:
     return [*KILLED, *dumped(work)], {}
 
 
+@cli_run("separate_buffer", cost_s=65)
+def _separate_buffer(work: Path) -> Prepared:
+    return [*BUFFER, *dumped(work)], VERIFIED
+
+
 @cli_run("separate_lag1_again", cost_s=70)
 def _separate_lag1_again(work: Path) -> Prepared:
     return SEPARATE, {}
@@ -181,17 +195,18 @@ def _separate_partial(work: Path) -> Prepared:
     return Prepared([*PARTIAL, *dumped(work)], {"RAY_ADDRESS": address}, cleanup=stop)
 
 
-def _resumed(mode: str, args: list[str]):
+def _resumed(run: str, args: list[str]):
     def prepare(work: Path, deps: dict) -> Prepared:
-        checkpoint = deps[f"{mode}_lag1"].work / "ckpt" / "global_step_1"
+        checkpoint = deps[run].work / "ckpt" / "global_step_1"
         resume = ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={checkpoint}"]
         return Prepared([*args, *resume, *dumped(work)], {})
 
     return prepare
 
 
-cli_run("colocate_resumed", cost_s=60, after=("colocate_lag1",))(_resumed("colocate", COLOCATE))
-cli_run("separate_resumed", cost_s=60, after=("separate_lag1",))(_resumed("separate", SEPARATE))
+cli_run("colocate_resumed", cost_s=60, after=("colocate_lag1",))(_resumed("colocate_lag1", COLOCATE))
+cli_run("separate_resumed", cost_s=60, after=("separate_lag1",))(_resumed("separate_lag1", SEPARATE))
+cli_run("separate_buffer_resumed", cost_s=60, after=("separate_buffer",))(_resumed("separate_buffer", BUFFER))
 
 
 @cli_run("separate_killed_resumed", cost_s=70, after=("separate_killed",))

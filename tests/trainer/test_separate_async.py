@@ -12,6 +12,8 @@ contract:
   run's metrics;
 - partial rollout, on two Ray nodes (training on one, the rollout server on the other): pushes reach requests in
   flight, which resume with the new weights; every token still within the bound, every sample trained once;
+- veRL 0.10's schedule (``trainer.v1.sampler.schedule=replay_buffer``): each step streamed in
+  ``parameter_sync_step`` mini-batches, each scored on the step's π_old, one push per step; resume exact;
 - a rollout server killed mid-run ends the run within 30 s, naming the dead server's role, rank and node; the run
   restarted with ``trainer.resume_mode=auto`` finishes and, over both runs, every sample is trained once.
 """
@@ -90,6 +92,32 @@ def test_a_resumed_run_logs_what_the_uninterrupted_one_logs(async_runs):
     resumed = without_async_only(steps(async_runs["separate_resumed"].records))
     assert sorted(resumed) == [2, 3]
     assert_same_steps(resumed, without_async_only(steps(async_runs["separate_lag1"].records)))
+
+
+@needs("separate_buffer", "separate_buffer_resumed", "sync")
+def test_veRLs_schedule_streams_two_mini_batches_per_push_on_the_steps_pi_old(async_runs):
+    """veRL 0.10's separate_async: the replay buffer (one warm-up batch), each step's 16 groups sampled and trained
+    8 at a time (parameter_sync_step=2), one verified push per step; a resumed run trains what the straight one does."""
+    run = async_runs["separate_buffer"]
+    assert "parameter_sync_step=2: each mini-batch trains as it is sampled, on the step's π_old" in run.output
+    records = logged(run.records)
+    assert [d["training/parameter_sync_step"] for d in records] == [2, 2, 2]  # two local updates per step
+    assert [d["async/weight_version"] for d in records] == [0, 1, 2]  # and one push
+    # the warm-up batch trains at step 1 (on-policy); the next steps train groups dispatched one push earlier
+    assert [d["training/off_policy/trajectory_staleness/max"] for d in records] == [0, 1, 1]
+    assert [d["async/staleness/max"] for d in records] == [0, 1, 1]
+    # step 1's second mini-batch is scored on π_old (the weights that generated it), not on the weights its first
+    # mini-batch's update left: the train-vs-rollout probability gap stays at rounding
+    assert records[0]["training/rollout_probs_diff_max"] < 1e-6
+    assert records[1]["training/rollout_probs_diff_max"] > 1e-4  # one push behind: a real gap, so the check can fail
+    for data in records:
+        assert data["weight_sync/buckets"] >= 1 and data["timing_s/param_sync"] == data["timing_s/update_weights"]
+        assert_idle_shares(data)
+    # no eviction: the buffer trains the loader's prompts in order, as sync does
+    assert trained_samples(run) == trained_samples(async_runs["sync"])
+    resumed = without_async_only(steps(async_runs["separate_buffer_resumed"].records))
+    assert sorted(resumed) == [2, 3]
+    assert_same_steps(resumed, without_async_only(steps(run.records)))
 
 
 @needs("separate_partial", "sync")

@@ -187,6 +187,7 @@ def test_update_actor_matches_a_single_process_step_and_syncs_the_engine(fresh_h
     )
     before = copy.deepcopy(model)
     ref_metrics = reference.update_policy(copy.deepcopy(batch))
+    hybrid.save_model_to_cpu(0)  # π_old, as separate_async's streaming keeps it (verl.trainer.ppo.step_policy)
     metrics = hybrid.update_actor(batch).meta_info["metrics"]
     assert np.mean(metrics["actor/pg_loss"]) == pytest.approx(ref_metrics["actor/pg_loss"][0], rel=1e-4)
     assert metrics["actor/grad_norm"][0] == pytest.approx(ref_metrics["actor/grad_norm"][0], rel=1e-4)
@@ -199,6 +200,17 @@ def test_update_actor_matches_a_single_process_step_and_syncs_the_engine(fresh_h
     assert (after - reference_log_probs(before, batch)).abs().max() > 1e-3  # the step really moved the policy
     # the reference policy does not move
     torch.testing.assert_close(hybrid.compute_ref_log_prob(batch).batch["ref_log_prob"], ref_before, rtol=0, atol=0)
+    # π_old comes back bit for bit around a pass, and the updated weights after it
+    hybrid.save_model_to_cpu(1)
+    hybrid.restore_model_from_cpu(0)
+    old = hybrid.compute_log_prob(batch).batch["old_log_probs"]
+    torch.testing.assert_close(old, batch.batch["old_log_probs"], rtol=0, atol=0)
+    hybrid.restore_model_from_cpu(1)
+    for n in (0, 1):
+        hybrid.clear_cpu_model(n)
+    torch.testing.assert_close(hybrid.compute_log_prob(batch).batch["old_log_probs"], after, rtol=0, atol=0)
+    with pytest.raises(Exception, match="no parameter copy 1 was saved"):
+        hybrid.restore_model_from_cpu(1)
 
     stats = hybrid.update_weights()  # verified sync of the new weights into both ranks' engines
     assert all(s["weight_sync/tensors"] > 0 for s in stats)

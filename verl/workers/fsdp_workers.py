@@ -31,7 +31,6 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from verl.algorithms.rollout_corr_helper import compute_rollout_corr_metrics_from_logprobs
 from verl.protocol import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import (
@@ -46,9 +45,9 @@ from verl.utils.flops_counter import FlopsCounter
 from verl.utils.fs import copy_to_local
 from verl.utils.import_utils import import_external_libs
 from verl.utils.profiler import DistProfiler, DistProfilerExtension, ProfilerConfig
-from verl.utils.torch_functional import masked_mean
 from verl.workers import fsdp_legacy
 from verl.workers.actor import DataParallelPPOActor
+from verl.workers.actor.log_prob_metrics import metrics_meta, old_log_prob_metrics, rollout_mismatch_metrics
 from verl.workers.config.builders import (
     build_actor_config,
     build_critic_config,
@@ -60,6 +59,7 @@ from verl.workers.config.lora import LoraSpec
 from verl.workers.critic import DataParallelPPOCritic
 from verl.workers.engine import get_engine_class
 from verl.workers.engine.sharding import create_device_mesh, get_sharding_strategy
+from verl.workers.engine.snapshots import ParameterSnapshots
 from verl.workers.remote_rollout import RemoteRolloutWeights
 
 __all__ = [
@@ -70,28 +70,13 @@ __all__ = [
     "RewardModelWorker",
     "create_device_mesh",  # veRL's helpers, from verl.workers.engine.sharding
     "get_sharding_strategy",
+    "rollout_mismatch_metrics",  # from verl.workers.actor.log_prob_metrics
 ]
 
 logger = logging.getLogger(__name__)
 
 ROLES = ("actor", "rollout", "ref", "actor_ref", "actor_rollout", "actor_rollout_ref")
 MESHES = ("actor", "rollout", "ref", "critic", "reward")
-
-
-def _old_log_prob_metrics(data: DataProto, old_log_probs: torch.Tensor, entropys: torch.Tensor) -> dict[str, float]:
-    """The old-log-prob pass's metrics: ``actor/entropy`` and, against ``rollout_log_probs``, the mismatch ones."""
-    if "response_mask" not in data.batch.keys():
-        return {}
-    mask = data.batch["response_mask"]
-    metrics = {"actor/entropy": float(masked_mean(entropys, mask))}
-    if "rollout_log_probs" in data.batch.keys():
-        metrics.update(rollout_mismatch_metrics(old_log_probs, data.batch["rollout_log_probs"], mask))
-    return metrics
-
-
-def _metrics_meta(metrics: dict[str, Any]) -> dict[str, Any]:
-    """meta_info carrying per-rank metrics (merged into lists by ``DataProto.concat``)."""
-    return {"metrics": dict(metrics)}
 
 
 def _register_meshes(worker: Worker) -> None:
@@ -131,23 +116,6 @@ class ProfiledWorker(Worker, DistProfilerExtension):
         )
         self.profiler = DistProfiler(self.rank, config, role=self.profile_role)
         self.profiler.start(profile_step=profile_step)
-
-
-def rollout_mismatch_metrics(
-    old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, response_mask: torch.Tensor
-) -> dict[str, float]:
-    """Train-vs-rollout mismatch on the same tokens: |p_train − p_rollout| stats plus ``rollout_corr/*``."""
-    mask = response_mask.bool()
-    if not bool(mask.any()):
-        return {}
-    diff = (old_log_probs.exp() - rollout_log_probs.exp()).abs()[mask]
-    metrics = {
-        "training/rollout_probs_diff_max": float(diff.max()),
-        "training/rollout_probs_diff_mean": float(diff.mean()),
-        "training/rollout_probs_diff_std": float(diff.std()) if diff.numel() > 1 else 0.0,
-    }
-    metrics.update(compute_rollout_corr_metrics_from_logprobs(old_log_probs, rollout_log_probs, response_mask))
-    return metrics
 
 
 class ActorRolloutRefWorker(ProfiledWorker, RemoteRolloutWeights, fsdp_legacy.LegacyWorkerAPI):
@@ -416,8 +384,8 @@ class ActorRolloutRefWorker(ProfiledWorker, RemoteRolloutWeights, fsdp_legacy.Le
                 data, calculate_entropy=True, calculate_sum_pi_squared=self.actor_config.calculate_sum_pi_squared
             )
         log_probs = outputs.pop("log_probs")
-        metrics = _old_log_prob_metrics(data, log_probs, outputs["entropys"])
-        return DataProto.from_dict({"old_log_probs": log_probs, **outputs}, meta_info=_metrics_meta(metrics))
+        metrics = old_log_prob_metrics(data, log_probs, outputs["entropys"])
+        return DataProto.from_dict({"old_log_probs": log_probs, **outputs}, meta_info=metrics_meta(metrics))
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="ref"))
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
@@ -461,15 +429,40 @@ class ActorRolloutRefWorker(ProfiledWorker, RemoteRolloutWeights, fsdp_legacy.Le
             outputs = self.actor.on_policy_outputs
             old = DataProto.from_dict(
                 {"old_log_probs": outputs["old_log_probs"]},
-                meta_info=_metrics_meta(_old_log_prob_metrics(data, **outputs)),
+                meta_info=metrics_meta(old_log_prob_metrics(data, **outputs)),
             )
         if old is None:
-            return DataProto(meta_info=_metrics_meta(metrics))
+            return DataProto(meta_info=metrics_meta(metrics))
         # the old-log-prob stage's metrics first, the update's over them (the order the driver logs them in)
         return DataProto.from_dict(
             {"old_log_probs": old.batch["old_log_probs"]},
-            meta_info=_metrics_meta({**old.meta_info["metrics"], **metrics}),
+            meta_info=metrics_meta({**old.meta_info["metrics"], **metrics}),
         )
+
+    # ------------------------------------------------------------------ π_old copies (veRL 0.10's names)
+    def _snapshots(self, call: str) -> ParameterSnapshots:
+        if not self._is_actor:
+            raise RuntimeError(f"{call} on a worker of role {self.role!r}, which has no actor")
+        if getattr(self, "_actor_snapshots", None) is None:  # made on first use: a recipe's init_model may build
+            self._actor_snapshots = ParameterSnapshots(self.actor_engine.module)
+        return self._actor_snapshots
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_model_to_cpu(self, n: int) -> None:
+        """Keep a host copy of the actor's parameters (this rank's shards) as copy ``n``."""
+        with self.actor_engine.on_device(optimizer=False):
+            self._snapshots("save_model_to_cpu").save(n)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def restore_model_from_cpu(self, n: int) -> None:
+        """Write copy ``n`` back into the actor's parameters (the optimizer state is untouched)."""
+        with self.actor_engine.on_device(optimizer=False):
+            self._snapshots("restore_model_from_cpu").restore(n)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def clear_cpu_model(self, n: int) -> None:
+        """Drop copy ``n``."""
+        self._snapshots("clear_cpu_model").clear(n)
 
     # ------------------------------------------------------------------ checkpoints
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -538,7 +531,7 @@ class CriticWorker(ProfiledWorker):
             metrics: dict[str, Any] = self.critic.update_critic(data)
         metrics["critic/lr"] = self.critic_engine.get_lr()
         self.critic_engine.lr_scheduler_step()
-        return DataProto(meta_info=_metrics_meta(metrics))
+        return DataProto(meta_info=metrics_meta(metrics))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(

@@ -217,7 +217,7 @@ def test_veRLs_async_keys_under_the_fixed_lag(caplog):
             merged([*VALID, "trainer.mode=colocate_async", "trainer.v1.sampler.max_off_policy_strategy=wait"])
         )
         resolved("trainer.v1.separate_async.num_warmup_batches=3")  # sync: no effect, said
-    assert "parameter_sync_step=2: the step's mini-batches train one after another" in caplog.text
+    assert "parameter_sync_step=2: the step's mini-batches train one after another once its whole batch" in caplog.text
     assert "under the fixed lag no group reaches the threshold, so drop and wait act alike" in caplog.text
     assert "separate_async.num_warmup_batches=3: no effect with trainer.v1.trainer_mode=sync" in caplog.text
     with pytest.raises(ConfigError, match="are one setting under two names"):
@@ -233,8 +233,15 @@ def test_veRLs_async_keys_under_the_fixed_lag(caplog):
         ConfigError, match=r"parameter_sync_step=3: .*train_batch_size=8 .*mini_batch_size=4 .*here 2 optimizer"
     ):
         validate_config(merged([*VALID, *SEPARATE_V1, "trainer.v1.separate_async.parameter_sync_step=3"]))
-    with pytest.raises(ConfigError, match="schedule=replay_buffer with trainer.v1.trainer_mode=separate_async: the"):
-        validate_config(merged([*VALID, *SEPARATE_V1, "trainer.v1.sampler.schedule=replay_buffer"]))
+    with caplog.at_level(logging.INFO, logger="verl.trainer.config"):  # veRL's streaming under veRL's schedule
+        streamed = ["trainer.v1.sampler.schedule=replay_buffer", "trainer.v1.separate_async.parameter_sync_step=2"]
+        validate_config(merged([*VALID, *SEPARATE_V1, *streamed]))
+    assert "parameter_sync_step=2: each mini-batch trains as it is sampled, on the step's π_old" in caplog.text
+    with pytest.raises(
+        ConfigError, match=r"separate_async.num_warmup_batches\) .* age 2, beyond .*threshold=1, .*wait"
+    ):
+        stale = ["trainer.v1.sampler.max_off_policy_strategy=wait", "trainer.v1.sampler.max_off_policy_threshold=1"]
+        validate_config(merged([*VALID, *SEPARATE_V1, "trainer.v1.sampler.schedule=replay_buffer", *stale]))
     validate_config(merged([*VALID, "trainer.mode=colocate_async", "trainer.v1.sampler.schedule=replay_buffer"]))
     wait = ["trainer.v1.sampler.max_off_policy_strategy=wait", "trainer.v1.sampler.max_off_policy_threshold=2"]
     with pytest.raises(

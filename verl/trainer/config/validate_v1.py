@@ -5,10 +5,10 @@
 ``fixed_lag`` (the default) generates ``async_training.max_lag`` batches ahead, each from one weight version, and
 trains them in order: reproducible, and at lag 0 the sync run step for step. ``replay_buffer`` is veRL's own
 schedule, a replay buffer that samples finished groups and evicts the filtered and the stale
-(:mod:`verl.trainer.ppo.v1.replay_buffer`): wired into the sync mode (:mod:`verl.trainer.ppo.replay_batches`) and
-``colocate_async`` (:mod:`verl.trainer.ppo.colocate_replay`), where it differs from ``fixed_lag`` only when groups
-are evicted (DAPO's filter; staleness past the threshold); not yet into ``separate_async``. Under ``fixed_lag``
-veRL's keys mean:
+(:mod:`verl.trainer.ppo.v1.replay_buffer`): in the sync mode (:mod:`verl.trainer.ppo.replay_batches`) and
+``colocate_async`` (:mod:`verl.trainer.ppo.colocate_replay`) it differs from ``fixed_lag`` only when groups are
+evicted (DAPO's filter; staleness past the threshold); in ``separate_async`` (:mod:`verl.trainer.ppo.separate_replay`)
+it also streams each step one mini-batch at a time. Under ``fixed_lag`` veRL's keys mean:
 
 - ``trainer.v1.<mode>.num_warmup_batches``: the batches generated ahead, i.e. ``async_training.max_lag`` (one
   setting, two names: :func:`verl.trainer.config.layout.resolve_layout`).
@@ -17,9 +17,10 @@ veRL's keys mean:
   ``max_off_policy_strategy`` (``drop`` / ``wait``) never has to act.
 - ``trainer.v1.separate_async.parameter_sync_step``: optimizer steps per weight push. Each step trains
   ``data.train_batch_size`` prompts in mini-batches of ``ppo_mini_batch_size`` and pushes once, with one π_old for
-  all of them, so when set it must equal their ratio (veRL's rule). The mini-batches train once the whole batch is
-  generated (veRL streams them as they fill; start-up says so). Left at its default it is not checked: the batch
-  sizes of a script written for the older layout decide alone.
+  all of them, so when set it must equal their ratio (veRL's rule). Under ``fixed_lag`` the mini-batches train once
+  the whole batch is generated; under ``replay_buffer`` each trains as it is sampled, as veRL's (start-up says
+  which). Left at its default it is not checked: the batch sizes of a script written for the older layout decide
+  alone.
 """
 
 from __future__ import annotations
@@ -58,11 +59,6 @@ def check_v1_trainer(
     schedule = sampler.get("schedule", "fixed_lag")
     if schedule not in SCHEDULES:
         problems.append(f"{SAMPLER}.schedule={schedule!r}; use one of {SCHEDULES}")
-    elif schedule == "replay_buffer" and mode == "separate_async":
-        problems.append(
-            f"{SAMPLER}.schedule=replay_buffer with trainer.v1.trainer_mode={mode}: the sync and colocate_async "
-            "modes take their batches through veRL's replay buffer; separate_async's is not wired yet; use fixed_lag"
-        )
     _filter_groups(config, schedule)
     _custom_sampler(sampler, schedule, mode, problems, check_environment)
     threshold, strategy = sampler.max_off_policy_threshold, sampler.max_off_policy_strategy
@@ -72,13 +68,13 @@ def check_v1_trainer(
         problems.append(f"{SAMPLER}.max_off_policy_strategy={strategy!r}; use one of {STRATEGIES}")
     if _int_at_least(threshold, 1):
         _staleness_bound(config, mode, schedule, strategy, threshold, problems)
-    _parameter_sync_step(config, mode if parameter_sync_step_set else "", problems)
+    _parameter_sync_step(config, mode if parameter_sync_step_set else "", schedule, problems)
 
 
 def _staleness_bound(config: Any, mode: str, schedule: str, strategy: str, threshold: int, problems: list) -> None:
-    """Where nothing evicts a stale group (the fixed lag in an async mode; colocate_async's buffer under ``wait``),
+    """Where nothing evicts a stale group (the fixed lag in an async mode; the async buffer under ``wait``),
     the batches generated ahead (L, trained at age L + 1) must stay within the threshold."""
-    if mode not in ASYNC_MODES or not (schedule == "fixed_lag" or (mode == "colocate_async" and strategy == "wait")):
+    if mode not in ASYNC_MODES or not (schedule == "fixed_lag" or strategy == "wait"):
         return
     lag = async_training_config(config).max_lag
     if lag + 1 > threshold:
@@ -99,7 +95,7 @@ def _staleness_bound(config: Any, mode: str, schedule: str, strategy: str, thres
         )
 
 
-def _parameter_sync_step(config: Any, mode: str, problems: list[str]) -> None:
+def _parameter_sync_step(config: Any, mode: str, schedule: str, problems: list[str]) -> None:
     key = "trainer.v1.separate_async.parameter_sync_step"
     steps = config.trainer.v1.separate_async.parameter_sync_step
     if not _int_at_least(steps, 1):
@@ -116,11 +112,15 @@ def _parameter_sync_step(config: Any, mode: str, problems: list[str]) -> None:
             "optimizer steps per push)"
         )
         return
+    if schedule == "replay_buffer":
+        logger.info("%s=%d: each mini-batch trains as it is sampled, on the step's π_old; one weight push", key, steps)
+        return
     logger.info(
-        "%s=%d: the step's mini-batches train one after another once its whole batch is generated (veRL streams "
-        "them as they fill), one π_old for all, one weight push",
+        "%s=%d: the step's mini-batches train one after another once its whole batch is generated (under "
+        "%s.schedule=replay_buffer, as veRL, each trains as it is sampled), one π_old for all, one weight push",
         key,
         steps,
+        SAMPLER,
     )
 
 
@@ -167,7 +167,7 @@ def _custom_sampler(sampler: Any, schedule: str, mode: str, problems: list[str],
     if schedule != "replay_buffer":
         problems.append(
             f"{', '.join(given)}: read by the replay buffer, which {SAMPLER}.schedule={schedule} does not use; set "
-            f"{SAMPLER}.schedule=replay_buffer (sync or colocate_async)"
+            f"{SAMPLER}.schedule=replay_buffer"
         )
     elif check_environment and custom.get("path"):
         from verl.trainer.ppo.replay_batches import sampler_class

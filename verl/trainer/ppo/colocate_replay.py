@@ -56,20 +56,29 @@ class ColocateReplaySource(ColocateAsyncRolloutSource):
 
     # ------------------------------------------------------------------ the schedule
     def next_batch(self, step: StepState) -> DataProto | None:
+        self._begin_step(step)
+        return self._sample(step, self.train_batch_size)
+
+    def _begin_step(self, step: StepState) -> None:
+        """A step starts: dispatch up to W batches ahead of it (none past the last step)."""
         trainer = self.trainer
         self._waited, self._step_start, self._step = 0.0, time.perf_counter(), step
         step.metrics["fully_async/count/current_param_version"] = trainer.state.weight_version
         global_steps = trainer.state.global_steps
         self._dispatching_step = global_steps
-        wanted = min(global_steps + self.max_lag, trainer.total_training_steps)  # W ahead, none past the last step
+        wanted = min(global_steps + self.max_lag, trainer.total_training_steps)
         while self._regular < wanted and self._dispatch(self.train_batch_size):
             self._regular += 1
-        if len(self.buffer.groups(TRAIN)) < self.train_batch_size:  # nothing more to come: the data ran out
+
+    def _sample(self, step: StepState, size: int) -> DataProto | None:
+        """``size`` groups sampled from the buffer as one batch (timings, metrics and the wait into ``step``); None
+        when the data ran out."""
+        if len(self.buffer.groups(TRAIN)) < size:  # nothing more to come: the data ran out
             self.data_ran_out(step)
             return None
         start = time.perf_counter()
         try:
-            groups, metrics = self.buffer.sample(global_steps, TRAIN, self.train_batch_size)
+            groups, metrics = self.buffer.sample(self.trainer.state.global_steps, TRAIN, size)
         except DataRanOut:
             self.data_ran_out(step)
             return None

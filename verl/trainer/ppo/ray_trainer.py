@@ -2,8 +2,9 @@
 
 ``fit()`` runs one step per training batch, the same named stages in every mode: the batch comes from the mode's
 rollout source (``rollout_source.next_batch``: gen → gen_max → reward, scheduled by the mode; several generation
-batches with DAPO's dynamic sampling, a filter on the source), then the update (``_finish_step``: old_log_prob →
-ref → values → adv → update_critic → update_actor → update_weights → testing → save_checkpoint). Each stage is
+batches with DAPO's dynamic sampling, a filter on the source) and is trained (``_train_part``: old_log_prob → ref →
+values → adv → update_critic → update_actor; once per part when the source streams the step in mini-batches,
+``_train_parts``), then ``_finish_step``: update_weights → testing → save_checkpoint. Each stage is
 timed under veRL's timer name (``timing_s/<name>``), all inside ``step``. What a checkpoint restores is one object,
 ``trainer.state`` (:class:`~verl.trainer.ppo.trainer_state.TrainerState`: step, epoch, weight version, KL
 coefficient, data position, the source's state).
@@ -22,6 +23,7 @@ in the module of its concern).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 from collections import defaultdict
@@ -56,7 +58,9 @@ from verl.trainer.ppo.reward import compute_reward_with_metrics, load_reward_fns
 from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode, compute_rollout_correction_and_add_to_batch
 from verl.trainer.ppo.rollout_manager import CheckpointManager, create_rollout_manager, start_rollout_servers
 from verl.trainer.ppo.rollout_source import PromptStream, RolloutFilter, get_rollout_source_class
+from verl.trainer.ppo.step_policy import StepPolicy
 from verl.trainer.ppo.trainer_checkpoint import TrainerCheckpointing
+from verl.trainer.ppo.trainer_data import build_dataloaders
 from verl.trainer.ppo.trainer_state import TrainerState
 from verl.trainer.ppo.utils import (
     ResourcePoolManager,
@@ -68,6 +72,7 @@ from verl.trainer.ppo.utils import (
     need_critic,
     need_reference_policy,
 )
+from verl.trainer.ppo.v1.metrics import MetricsAggregator
 from verl.trainer.ppo.v1.trainer_base import TrainerHooks
 from verl.trainer.ppo.validation import GenerationDumps, ValidationSamples
 from verl.utils.import_utils import import_external_libs
@@ -186,42 +191,11 @@ class RayPPOTrainer(TrainerHooks, TrainerGeneration, TrainerCheckpointing, Train
         ``config.data`` as ``main_ppo`` builds it (``create_rl_dataset``, ``create_rl_sampler``, the RL dataset's
         ``collate_fn``), so a recipe main may construct the trainer without data; no ``data.val_files``: no
         validation loader."""
-        from verl.utils.dataset import rl_dataset
-        from verl.utils.dataset.rl_dataset import create_dataloader, create_rl_dataset, dataloader_workers
-
-        data = self.config.data
-        if train_dataset is None:
-            train_dataset = create_rl_dataset(data.train_files, data, self.tokenizer, self.processor)
-        if val_dataset is None and data.get("val_files"):
-            val_dataset = create_rl_dataset(data.val_files, data, self.tokenizer, self.processor, is_train=False)
-        self.train_dataset, self.val_dataset = train_dataset, val_dataset
-        if train_sampler is None:
-            train_sampler = rl_dataset.create_rl_sampler(data, train_dataset)
-        collate_fn = collate_fn or rl_dataset.collate_fn
-        workers = dataloader_workers(data.dataloader_num_workers)
-        self.train_dataloader = create_dataloader(
-            train_dataset,
-            batch_size=data.get("gen_batch_size", data.train_batch_size),
-            sampler=train_sampler,
-            collate_fn=collate_fn,
-            num_workers=workers,
-            drop_last=True,
+        loaders = build_dataloaders(
+            self.config.data, self.tokenizer, self.processor, train_dataset, val_dataset, collate_fn, train_sampler
         )
-        self.val_dataloader = None
-        if val_dataset is not None:
-            self.val_dataloader = create_dataloader(
-                val_dataset,
-                batch_size=data.val_batch_size or len(val_dataset),
-                sampler=None,
-                collate_fn=collate_fn,
-                num_workers=workers,
-                drop_last=False,
-            )
-        if len(self.train_dataloader) == 0:
-            raise ValueError(
-                f"data.train_files give {len(train_dataset)} prompts, fewer than one batch of data.train_batch_size="
-                f"{data.train_batch_size}"
-            )
+        self.train_dataset, self.val_dataset = loaders.train_dataset, loaders.val_dataset
+        self.train_dataloader, self.val_dataloader = loaders.train_dataloader, loaders.val_dataloader
         self.total_training_steps = total_training_steps(self.config, len(self.train_dataloader))
         self.config = with_derived_settings(self.config, self.total_training_steps)
 
@@ -491,9 +465,7 @@ class RayPPOTrainer(TrainerHooks, TrainerGeneration, TrainerCheckpointing, Train
                 step = self._begin_step()
                 self.on_step_begin()
                 prepared = self.prepare_step()
-                self.on_sample_begin()
-                batch = self.rollout_source.next_batch(step)
-                self.on_sample_end()
+                batch = self._train_parts(step)
                 if batch is None:  # the data ran out
                     self._end_step(step)
                     break
@@ -586,9 +558,78 @@ class RayPPOTrainer(TrainerHooks, TrainerGeneration, TrainerCheckpointing, Train
             metrics.update(self._compute_reward(batch))
         return batch
 
+    def _train_parts(self, step: StepState) -> DataProto | None:
+        """The step's batch from the rollout source, trained up to the actor's update; None when the data ran out.
+
+        A source that streams (``parts_per_step`` > 1: ``separate_async`` under veRL's schedule) hands the batch out
+        one PPO mini-batch at a time; each part goes through the stages as it arrives, its old-log-prob pass on the
+        step's π_old (:class:`~verl.trainer.ppo.step_policy.StepPolicy`), and the parts' metrics are reduced into one
+        value each (:class:`~verl.trainer.ppo.v1.metrics.MetricsAggregator`); timings add up."""
+        parts = self.rollout_source.parts_per_step
+        policy = StepPolicy(self.actor_rollout_wg, parts, active=not self.bypass_mode and self._updates_actor())
+        aggregator, trained = MetricsAggregator(), []
+        try:
+            for index in range(parts):
+                part = step if parts == 1 else dataclasses.replace(step, metrics={})
+                self.on_sample_begin()
+                batch = self.rollout_source.next_batch(part)
+                self.on_sample_end()
+                if batch is None:
+                    if trained:
+                        logger.warning(
+                            "the data ran out in step %d after %d of its %d parts: those are trained",
+                            self.global_steps,
+                            index,
+                            parts,
+                        )
+                    break
+                self._train_part(batch, part, policy, index)
+                trained.append(batch)
+                aggregator.add_step_metrics(part.metrics, sample_count=len(batch))
+        finally:
+            policy.end()
+        if parts > 1 and trained:
+            step.metrics.update(aggregator.get_aggregated_metrics())
+            step.metrics["training/parameter_sync_step"] = len(trained)  # the local updates before the push
+        return (DataProto.concat(trained) if len(trained) > 1 else trained[0]) if trained else None
+
+    def _train_part(self, batch: DataProto, step: StepState, policy: StepPolicy, index: int) -> None:
+        """Log-probs, values, advantages and the updates of one part of the step (the whole batch unless the source
+        streams); metrics into ``step``."""
+        timing, metrics = step.timing, step.metrics
+        if self.config.trainer.balance_batch:  # over the ranks that train it
+            _, balance_metrics = balance_batch(batch, self.actor_rollout_wg.world_size)
+            metrics.update(balance_metrics)
+        old_in_update = self.old_log_prob_in_update and self._updates_actor()
+        if self.bypass_mode:  # the rollout's log-probs are the old ones: no forward pass
+            apply_bypass_mode(batch)
+        elif old_in_update:  # the update's own forward gives them (verl.trainer.ppo.on_policy)
+            batch.meta_info["old_log_prob_in_update"] = True
+        else:
+            with self._stage("old_log_prob", timing), policy.old_log_prob_pass(index):
+                metrics.update(self._old_log_prob_stage(batch))
+        if self.use_reference_policy:
+            with self._stage("ref", timing):
+                batch.union(self._compute_ref_log_prob(batch))
+        if self.use_critic:
+            with self._stage("values", timing):
+                batch.union(self._compute_values(batch))
+        with self._stage("adv", timing):
+            metrics.update(self._compute_advantage(batch))
+            if self.config.algorithm.use_pf_ppo:
+                batch = self._pf_ppo_resample(batch)
+        if self.use_critic:
+            with self._stage("update_critic", timing):
+                metrics.update(reduce_metrics(self._update_critic(batch).meta_info["metrics"]))
+        if self._updates_actor():
+            with self._stage("update_actor", timing):
+                update = self._update_actor(batch)
+                metrics.update(reduce_metrics(update.meta_info["metrics"]))
+                if batch.meta_info.pop("old_log_prob_in_update", False):
+                    batch.union(update.select(batch_keys=["old_log_probs"]))
+
     def _finish_step(self, batch: DataProto, step: StepState) -> dict[str, Any]:
-        """Everything after the rollout: log-probs, values, advantages, updates, weight push, validation and
-        checkpoint; returns the step's metrics."""
+        """Everything after the updates: weight push, validation and checkpoint; returns the step's metrics."""
         trainer = self.config.trainer
         timing, metrics = step.timing, step.metrics
         workers = self.resource_pool_manager.get_n_gpus()
@@ -596,38 +637,9 @@ class RayPPOTrainer(TrainerHooks, TrainerGeneration, TrainerCheckpointing, Train
         metrics.update(compute_staleness_metrics(batch, self.state.weight_version))
         with contextlib.ExitStack() as stack:
             stack.callback(step.timer.stop)
-            if trainer.balance_batch:  # over the ranks that train it
-                _, balance_metrics = balance_batch(batch, self.actor_rollout_wg.world_size)
-                metrics.update(balance_metrics)
-            old_in_update = self.old_log_prob_in_update and self._updates_actor()
-            if self.bypass_mode:  # the rollout's log-probs are the old ones: no forward pass
-                apply_bypass_mode(batch)
-            elif old_in_update:  # the update's own forward gives them (verl.trainer.ppo.on_policy)
-                batch.meta_info["old_log_prob_in_update"] = True
-            else:
-                with self._stage("old_log_prob", timing):
-                    metrics.update(self._old_log_prob_stage(batch))
-            if self.use_reference_policy:
-                with self._stage("ref", timing):
-                    batch.union(self._compute_ref_log_prob(batch))
-            if self.use_critic:
-                with self._stage("values", timing):
-                    batch.union(self._compute_values(batch))
-            with self._stage("adv", timing):
-                metrics.update(self._compute_advantage(batch))
-                if self.config.algorithm.use_pf_ppo:
-                    batch = self._pf_ppo_resample(batch)
             if trainer.rollout_data_dir:
                 self._log_rollout_data(batch, self._reward_extra_infos(batch), timing, trainer.rollout_data_dir)
-            if self.use_critic:
-                with self._stage("update_critic", timing):
-                    metrics.update(reduce_metrics(self._update_critic(batch).meta_info["metrics"]))
             if self._updates_actor():
-                with self._stage("update_actor", timing):
-                    update = self._update_actor(batch)
-                    metrics.update(reduce_metrics(update.meta_info["metrics"]))
-                    if batch.meta_info.pop("old_log_prob_in_update", False):
-                        batch.union(update.select(batch_keys=["old_log_probs"]))
                 self.rollout_source.before_weights(step)
                 with self._stage("update_weights", timing):
                     metrics.update(self.checkpoint_manager.update_weights())

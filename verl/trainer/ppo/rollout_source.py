@@ -86,9 +86,13 @@ class RolloutSource(abc.ABC):
 
     @abc.abstractmethod
     def next_batch(self, step: StepState) -> DataProto | None:
-        """The scored training batch of ``step`` (``data.train_batch_size`` prompts × ``rollout.n``), its
-        generation stages timed and their metrics added into ``step``; None when the data ran out."""
+        """The scored training batch of ``step`` (``data.train_batch_size`` prompts × ``rollout.n``; the next of
+        its :attr:`parts_per_step` parts), its generation stages timed and their metrics added into ``step``; None
+        when the data ran out."""
 
+    #: the parts a step's batch is handed out in, one :meth:`next_batch` call each, each trained as it arrives (PPO
+    #: mini-batches: veRL 0.10's ``separate_async`` streaming); 1: the whole batch at once
+    parts_per_step: int = 1
     #: the mode's rollout engines are servers of their own beside the training workers (resident, never asleep),
     #: not the hybrid engine inside them
     resident_servers: bool = False
@@ -183,6 +187,7 @@ _BUILT_IN = {
     "colocate_async": "verl.trainer.ppo.colocate_async",
     "colocate_async+replay_buffer": "verl.trainer.ppo.colocate_replay",
     "separate_async": "verl.trainer.ppo.separate_async",
+    "separate_async+replay_buffer": "verl.trainer.ppo.separate_replay",
 }  # imported on first use
 
 

@@ -1,0 +1,101 @@
+"""``separate_async`` under veRL 0.10's replay-buffer schedule (``trainer.v1.sampler.schedule=replay_buffer``):
+rollout servers on a pool of their own fill a replay buffer; the trainer streams its step one PPO mini-batch at a
+time.
+
+- **Dispatch** as :mod:`verl.trainer.ppo.colocate_replay`: ``trainer.v1.separate_async.num_warmup_batches`` (W,
+  also ``async_training.max_lag``) batches of ``data.train_batch_size`` prompts before step 1, one more at each step,
+  refills one for one for the groups the :class:`~verl.trainer.ppo.v1.replay_buffer.ReplayBufferAsync` evicts (too
+  stale under ``max_off_policy_strategy=drop``, DAPO-filtered). One generation thread of the driver generates the
+  dispatches in order on the rollout servers.
+- **Weights.** A push is staged in the servers while they generate (:mod:`verl.workers.remote_rollout`); the trainer
+  never waits for generation before pushing. Each dispatch records the weight version current when it was made and
+  its generation first has the servers load that version, so every group comes from one version and which version
+  generates which group does not depend on timing (a resumed run trains what the uninterrupted one trains).
+- **Streaming.** A step trains ``parameter_sync_step`` mini-batches (``data.train_batch_size /
+  actor.ppo_mini_batch_size``, checked at start-up): each is sampled from the buffer when it is needed and trained at
+  once (old-log-prob → … → update), every old-log-prob pass on the step's π_old
+  (:class:`~verl.trainer.ppo.step_policy.StepPolicy`), then one push. Groups that finish while a mini-batch trains
+  are in the buffer for the next one.
+- **Validation** waits for the generations in flight and has the servers load the trainer's newest version.
+- **Checkpoints** are written after the push, once the generations in flight are done: the buffer's finished groups
+  (with their batches), the dispatch counters and the prompts left of a loader batch (the colocate source's state).
+
+Partial rollout (``async_training.partial_rollout``) is not built for this schedule and is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from verl.protocol import DataProto
+from verl.trainer.config.derived import async_training_config
+from verl.trainer.ppo.colocate_async import Generation
+from verl.trainer.ppo.colocate_replay import ColocateReplaySource
+from verl.trainer.ppo.dynamic_sampling import StepState
+from verl.trainer.ppo.rollout_source import register_rollout_source
+
+if TYPE_CHECKING:
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+__all__ = ["SeparateReplaySource"]
+
+
+@register_rollout_source("separate_async", schedule="replay_buffer")
+class SeparateReplaySource(ColocateReplaySource):
+    """``trainer.mode=separate_async`` with ``trainer.v1.sampler.schedule=replay_buffer`` (see the module
+    docstring)."""
+
+    separate_pool = True
+
+    def __init__(self, trainer: RayPPOTrainer) -> None:
+        super().__init__(trainer)
+        config = trainer.config
+        if async_training_config(config).partial_rollout:
+            raise ValueError(
+                "async_training.partial_rollout=true with trainer.v1.sampler.schedule=replay_buffer in "
+                "separate_async: partial rollout is built for the fixed_lag schedule only"
+            )
+        mini = int(config.actor_rollout_ref.actor.ppo_mini_batch_size)
+        self.parts_per_step = max(1, self.train_batch_size // mini)
+        self.part_size = self.train_batch_size // self.parts_per_step
+        self._parts_given = 0
+        self._engine_version: int | None = None  # the version the servers' engines generate with
+        self._load_lock = threading.Lock()
+
+    def next_batch(self, step: StepState) -> DataProto | None:
+        """The step's next mini-batch: the step's dispatch with the first one, then ``part_size`` groups sampled."""
+        if self._parts_given == 0:
+            self._begin_step(step)
+        batch = self._sample(step, self.part_size)
+        self._parts_given = 0 if batch is None else (self._parts_given + 1) % self.parts_per_step
+        return batch
+
+    def _generate(self, generation: Generation, prompts: DataProto) -> DataProto:
+        """On the generation thread: the servers load the dispatch's version, then generate and score."""
+        self._load(generation.weight_version)
+        return super()._generate(generation, prompts)
+
+    def _load(self, version: int, drop_older: bool = True) -> None:
+        with self._load_lock:
+            if self._engine_version != version:
+                self.trainer.rollout_wg.apply_weights(version, drop_older)
+                self._engine_version = version
+
+    def before_weights(self, step: StepState) -> None:
+        """The push is staged beside the servers' generation: nothing waits. Adds veRL's fully-async idle shares over
+        the step: ``trainer/idle_ratio`` (the trainer waiting for groups) and ``rollouter/idle_ratio``."""
+        elapsed = time.perf_counter() - self._step_start
+        busy, self._busy_since_step = self._busy_since_step, 0.0  # the generations taken during the step
+        step.metrics["trainer/idle_ratio"] = min(1.0, self._waited / elapsed)
+        step.metrics["rollouter/idle_ratio"] = max(0.0, 1.0 - busy / elapsed)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Validation: the generations in flight end, then the servers load the trainer's newest version."""
+        self.wait_idle()
+        self._load(self.trainer.state.weight_version, drop_older=False)
+        yield
