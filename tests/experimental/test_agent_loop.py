@@ -372,7 +372,7 @@ def test_user_loops_from_yaml_mask_their_tokens_and_rewards_score_samples_as_the
     # each sample records the version of each response token (the user loops never mention versions)
     lengths = b["attention_mask"][:, PROMPT_LEN:].sum(-1).tolist()
     assert list(nt["weight_version_ranges"]) == [[[0, n, 5]] for n in lengths]
-    assert out.meta_info["weight_version"] == 5
+    assert list(nt["min_global_steps"]) == list(nt["max_global_steps"]) == [5] * ROWS  # veRL 0.10's names
     assert list(nt["__num_turns__"]) == [2, 2, 2, 3, 2, 2]
     # two_turn: the observation's tokens are in the response but masked out (not generated), log-prob 0 there
     cut = int(nt["observation_at"][3])

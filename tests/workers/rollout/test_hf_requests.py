@@ -147,11 +147,16 @@ def recompute(model: torch.nn.Module, out: DataProto) -> torch.Tensor:
     return lp * b["response_mask"]
 
 
+def versions(batch) -> set[int]:
+    """The weight versions that generated the batch's tokens (its samples' ``weight_version_ranges``)."""
+    return {version for runs in batch.non_tensor_batch["weight_version_ranges"] for *_, version in runs}
+
+
 def test_a_weight_load_preempts_running_requests_and_no_old_kv_is_used(tiny_model_dir):
     engine = HFRollout(RolloutConfig(dtype="float32", prompt_length=48, response_length=160), tiny_model_dir)
     old, new = build_tiny_qwen2(seed=0).eval(), build_tiny_qwen2(seed=1).eval()
     before = engine.generate_sequences(shared_prefix_prompts())
-    assert before.meta_info["weight_version"] == 0
+    assert versions(before) == {0}
     context = prompt(8, 12)
     running = engine.submit("across", context, {**GREEDY, "max_tokens": 150})
     wait_for(engine, "across", 10)
@@ -168,7 +173,7 @@ def test_a_weight_load_preempts_running_requests_and_no_old_kv_is_used(tiny_mode
         lp = torch.log_softmax(logits, -1).gather(-1, ids[0, len(context) :, None]).squeeze(-1)
         assert torch.allclose(lp[start:end], torch.tensor(out.log_probs[start:end]), atol=1e-5, rtol=0)
     after = engine.generate_sequences(shared_prefix_prompts())
-    assert after.meta_info["weight_version"] == 1
+    assert versions(after) == {1}
     torch.testing.assert_close(after.batch["rollout_log_probs"], recompute(new, after), atol=1e-5, rtol=0)
     assert not torch.allclose(after.batch["rollout_log_probs"], recompute(old, after), atol=1e-2)
     engine.close()

@@ -350,7 +350,8 @@ def test_agent_loop_manager_create_generates_as_the_manager_over_the_worker_grou
     for key in ("prompts", "responses", "attention_mask", "response_mask"):
         assert torch.equal(got.batch[key], expected.batch[key]), key  # the same seeded samples, bit for bit
     torch.testing.assert_close(got.batch["rollout_log_probs"], expected.batch["rollout_log_probs"], atol=1e-5, rtol=0)
-    assert got.meta_info["weight_version"] == expected.meta_info["weight_version"] == VERSION
+    for key in ("min_global_steps", "max_global_steps"):
+        assert list(got.non_tensor_batch[key]) == list(expected.non_tensor_batch[key]) == [VERSION] * len(batch), key
     assert settled(manager)
     with pytest.raises(RuntimeError, match=r"holds no worker group; use CheckpointEngineManager.sleep_replicas\(\)"):
         verl_010.sleep()

@@ -4,9 +4,10 @@
 agent loops need and the caller may not have set (EOS / pad ids, the step, per-sample seeding indices), splits the
 rows over the agent-loop workers, joins their batches and returns the batch with ``meta_info``: ``timing``
 (``generate_sequences``: the wall time), ``metrics`` (``agent_loop/*`` and the per-sample rewards' ``reward/*``
-counts), ``reward_extra_keys`` and ``weight_version`` (the newest version that generated a token); each sample's
-``weight_version_ranges`` say which version generated which of its tokens. Generation uses the weights the
-engines hold: memory (``wake_up`` / ``sleep``) and the weight push are the trainer's calls, never made here.
+counts) and ``reward_extra_keys``; each sample's ``weight_version_ranges`` say which version generated which of its
+tokens, and its ``min_global_steps`` / ``max_global_steps`` (veRL 0.10's names) the oldest and the newest.
+Generation uses the weights the engines hold: memory (``wake_up`` / ``sleep``) and the weight push are the
+trainer's calls, never made here.
 
 The replicas are the rollout engines inside the training workers (hybrid placement: one replica per worker, each a
 server through the worker's :func:`~verl.single_controller.base.decorator.server_method` s), reached through an
@@ -261,9 +262,6 @@ class AgentLoopManager:
             "metrics": metrics,
             "reward_extra_keys": metas[0].get("reward_extra_keys", []),
         }
-        versions = [meta["weight_version"] for meta in metas if "weight_version" in meta]
-        if versions:
-            output.meta_info["weight_version"] = max(versions)
         return output
 
     def _raise_if_a_server_died(self, error: BaseException) -> None:

@@ -154,11 +154,7 @@ def samples_to_batch(results: Sequence[SampleResult]) -> DataProto:
     for key in STABLE_EXTRA_FIELDS:
         if key not in non_tensors:
             non_tensors[key] = object_column([None] * len(results))
-    versions = [v for r in results if isinstance(v := r.output.extra_fields.get("global_steps"), int)]
-    meta: dict[str, Any] = {"reward_extra_keys": reward_keys}
-    if versions:
-        meta["weight_version"] = max(versions)
-    return DataProto.from_dict(tensors, non_tensors, meta_info=meta)
+    return DataProto.from_dict(tensors, non_tensors, meta_info={"reward_extra_keys": reward_keys})
 
 
 class _InternalAgentLoopOutput(AgentLoopOutput):

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -11,11 +12,22 @@ import torch
 
 from verl.protocol import DataProto
 
-__all__ = ["PROMPT_TENSORS", "REWARD_KEYS", "TrainerGeneration"]
+__all__ = ["PROMPT_TENSORS", "REWARD_KEYS", "Generated", "TrainerGeneration"]
 
 # non-tensor keys the reward needs; _get_gen_batch leaves them in the batch (veRL's set)
 REWARD_KEYS = ("data_source", "reward_model", "extra_info", "uid")
 PROMPT_TENSORS = ("input_ids", "attention_mask", "position_ids")
+
+
+@dataclass(frozen=True)
+class Generated:
+    """One generation: the prompts' rows repeated ``n`` times joined with their responses (``batch``), the
+    generation's stage ``timing`` (``generate_sequences``: its wall time) and its workers' ``metrics``
+    (``agent_loop/*``, the per-sample rewards' ``reward/*`` counts)."""
+
+    batch: DataProto
+    timing: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
 
 
 class TrainerGeneration:
@@ -47,12 +59,11 @@ class TrainerGeneration:
         do_sample: bool = True,
         first_prompt: int = 0,
         seed_step: int | None = None,
-    ) -> DataProto:
-        """Generate ``n`` responses per prompt (greedy without ``do_sample``); returns the prompts' rows repeated
-        ``n`` times joined with them, and ``meta_info["generation"]``: the generation's ``timing`` and its workers'
-        ``metrics``. ``batch`` itself is left as it was. The prompts are numbered from ``first_prompt`` (the number
-        seeds their samples: each generation batch of a step needs its own), the step from ``seed_step`` (default:
-        the current one)."""
+    ) -> Generated:
+        """Generate ``n`` responses per prompt (greedy without ``do_sample``): the prompts' rows repeated ``n`` times
+        joined with them, with the generation's timing and metrics (:class:`Generated`). ``batch`` itself is left
+        as it was. The prompts are numbered from ``first_prompt`` (the number seeds their samples: each generation
+        batch of a step needs its own), the step from ``seed_step`` (default: the current one)."""
         n = n or self.config.actor_rollout_ref.rollout.n
         batch = batch.select(batch_keys=list(batch.batch.keys()))  # a shallow copy: _get_gen_batch pops from it
         gen = self._get_gen_batch(batch)
@@ -62,15 +73,14 @@ class TrainerGeneration:
         if not do_sample:
             gen.meta_info["do_sample"] = False
         output = self.async_rollout_manager.generate_sequences(gen.repeat(n, interleave=True))
-        generation = output.meta_info
-        output.meta_info = {"reward_extra_keys": generation.pop("reward_extra_keys", [])}
+        meta = output.meta_info
+        output.meta_info = {"reward_extra_keys": meta.get("reward_extra_keys", [])}
         batch = batch.repeat(n, interleave=True).union(output)
-        batch.meta_info["generation"] = generation
-        return batch
+        return Generated(batch, dict(meta.get("timing", {})), dict(meta.get("metrics", {})))
 
     def _compute_reward_baselines(self, prompts: DataProto, batch: DataProto) -> None:
         """ReMax's baseline: the reward of one greedy response per prompt, as ``reward_baselines`` of its samples."""
-        greedy = self._generate(prompts, n=1, do_sample=False)
+        greedy = self._generate(prompts, n=1, do_sample=False).batch
         scores = self._compute_or_extract_reward(greedy, self.reward_fn, sum_reward=True)
         n = len(batch) // len(prompts)
         batch.batch["reward_baselines"] = scores.repeat_interleave(n)

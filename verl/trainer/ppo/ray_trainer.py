@@ -417,7 +417,7 @@ class RayPPOTrainer(TrainerHooks, TrainerGeneration, TrainerCheckpointing, Train
                 batch = DataProto.from_single_dict(batch_dict)
                 first = len(samples.uids) // n
                 batch.non_tensor_batch["uid"] = np.array([f"val-{first + i}" for i in range(len(batch))], dtype=object)
-                batch = self._generate(batch, n=n, validate=True)
+                batch = self._generate(batch, n=n, validate=True).batch
                 samples.add(self.tokenizer, batch, *self._compute_or_extract_reward(batch, self.val_reward_fn))
         if trainer.log_val_generations > 0:
             picked = samples.pick(trainer.log_val_generations)
@@ -547,10 +547,10 @@ class RayPPOTrainer(TrainerHooks, TrainerGeneration, TrainerCheckpointing, Train
         with self._stage("gen", timing):  # DAPO's extra generation batches of a step get fresh seeds
             if first_prompt is None:
                 first_prompt = step.gen_batches * len(prompts)
-            batch = self._generate(prompts, first_prompt=first_prompt, seed_step=seed_step)
-        generation = batch.meta_info.pop("generation")
-        timing.update(generation["timing"])
-        metrics.update(generation["metrics"])
+            generated = self._generate(prompts, first_prompt=first_prompt, seed_step=seed_step)
+        batch = generated.batch
+        timing.update(generated.timing)
+        metrics.update(generated.metrics)
         if self.config.algorithm.adv_estimator == "remax":
             with self._stage("gen_max", timing):
                 self._compute_reward_baselines(prompts, batch)

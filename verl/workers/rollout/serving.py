@@ -36,6 +36,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from verl.protocol import DataProto
@@ -441,8 +442,9 @@ class RequestServing:
             responses[i, :n_tokens] = torch.tensor(output.token_ids, dtype=torch.long)
             log_probs[i, :n_tokens] = torch.tensor(output.log_probs, dtype=torch.float32)
         out = assemble_output(prompts, plan, responses, log_probs, lengths)
-        versions = {v for output in outputs for v in output.weight_versions} or {self._weight_version}
-        out.meta_info["weight_version"] = max(versions)
+        ranges = np.empty(samples, dtype=object)  # each sample's (start, end, version) runs, as the agent loops'
+        ranges[:] = [[list(run) for run in output.weight_version_ranges()] for output in outputs]
+        out.non_tensor_batch["weight_version_ranges"] = ranges
         return out
 
     # ------------------------------------------------------------------ the engine thread
