@@ -283,7 +283,6 @@ DIFFERENCES: dict[str, str] = {
 
 
 # veRL 0.10's keys (the V1 interface); the older names they replace are described as such below.
-_V1_BUFFER = "V1 trainer (not built yet: a value other than the default is refused by name). "
 DESCRIPTIONS |= {
     "data.function_tool_path": "File of `@function_tool` functions whose schemas the prompts show (follows "
     "`actor_rollout_ref.rollout.multi_turn.function_tool_path`).",
@@ -353,7 +352,11 @@ for _key in (
         "V1 trainer: lending idle trainer devices to generation between steps (not built: `enable_switch=true` is "
         "refused; the other keys tune it and only warn when set)."
     )
-DESCRIPTIONS["trainer.v1.sampler.sync_refill_failed_groups"] = _V1_BUFFER + "Replacing failed groups (sync mode)."
+DESCRIPTIONS["trainer.v1.sampler.sync_refill_failed_groups"] = (
+    "Sync mode, `schedule=replay_buffer`: a prompt group whose samples all failed in their agent loops is replaced "
+    "by a new prompt (default: it trains as padding samples). The async modes' buffers always evict and refill a "
+    "group with a failed sample."
+)
 for _key in ("custom_sampler.path", "custom_sampler.name", "sampler_kwargs"):
     DESCRIPTIONS[f"trainer.v1.sampler.{_key}"] = (
         "A replay buffer class of your own (file and class name; a subclass of "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sys
 import textwrap
@@ -131,6 +132,8 @@ def write_loops_yaml(folder: Path, module: str) -> str:
               _target_: {module}.ShortFirstAgentLoop
             - name: self_scored
               _target_: {module}.SelfScoredAgentLoop
+            - name: flaky
+              _target_: {module}.FlakyAgentLoop
             """
         )
     )
@@ -394,6 +397,29 @@ def test_user_loops_from_yaml_mask_their_tokens_and_rewards_score_samples_as_the
     assert sorted(scored) == sorted(index[i] for i in (0, 1, 2, 3, 5))
     # the one-token sample was scored before the long ones had finished generating
     assert scored[index[0]] < max(nt["generated_at"][1], nt["generated_at"][2])
+
+
+def test_failed_samples_are_kept_when_asked_and_a_loop_that_always_fails_stops(hybrid, assets, caplog):
+    """The replay-buffer schedule asks for failed samples to be kept (meta_info["keep_failed_samples"]): a sample
+    whose loop raised becomes a masked placeholder flagged in __failed__; one that fails everywhere still stops."""
+    _, _, manager = hybrid
+    fail = [False, True, False, False, True, False]
+    prompts = prompt_batch(assets, agent_name=["flaky"] * ROWS, fail=fail)
+    with pytest.raises(Exception, match="flaky: gave up on prompt"):  # not asked: the failure stops the batch
+        manager.generate_sequences(prompts)
+    prompts.meta_info["keep_failed_samples"] = True
+    with caplog.at_level(logging.WARNING, logger="verl.experimental.agent_loop.failures"):
+        out = manager.generate_sequences(prompts)
+    b, nt = out.batch, out.non_tensor_batch
+    assert list(nt["__failed__"]) == fail and len(out) == ROWS
+    assert b["response_mask"][torch.tensor(fail)].sum() == 0 and b["response_mask"][~torch.tensor(fail)].sum() > 0
+    prompt_1 = b["prompts"][1][b["attention_mask"][1, :PROMPT_LEN].bool()].tolist()
+    assert prompt_1 == list(prompts.non_tensor_batch["raw_prompt_ids"][1])  # the prompt kept, for the group
+    assert "2 of 6 samples failed in their agent loops" in caplog.text and "flaky: gave up on prompt" in caplog.text
+    everywhere = prompt_batch(assets, agent_name=["flaky"] * ROWS, fail=[True] * ROWS)
+    everywhere.meta_info["keep_failed_samples"] = True
+    with pytest.raises(Exception, match="agent loop 'flaky': every one of the batch's"):
+        manager.generate_sequences(everywhere)
 
 
 # ---------------------------------------------------------------------------------------------- main_ppo

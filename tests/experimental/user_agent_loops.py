@@ -4,6 +4,7 @@
   conversation (its second turn goes to the same server).
 - ``ShortFirstAgentLoop``: one turn; a sample whose ``short`` column is true stops after one token, the others run
   to the end, so the short one is scored while the others still generate. It records when each generation ended.
+- ``FlakyAgentLoop``: one turn, then raises for the samples whose ``fail`` column is true.
 - ``SelfScoredAgentLoop``: one turn on the tokenizer's own ``apply_chat_template(tokenize=True)`` result (a
   ``BatchEncoding``), and the loop's own ``reward_score`` (the reward function is not called).
 """
@@ -66,6 +67,23 @@ class ShortFirstAgentLoop(AgentLoopBase):
             response_logprobs=output.log_probs,
             num_turns=2,
             extra_fields={"generated_at": time.time()},
+        )
+
+
+class FlakyAgentLoop(AgentLoopBase):
+    """One turn; a sample whose ``fail`` column is true raises after its generation (a tool or parser bug)."""
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        prompt_ids = list(kwargs["raw_prompt_ids"])
+        output = await self.server_manager.generate(uuid4().hex, prompt_ids=prompt_ids, sampling_params=sampling_params)
+        if kwargs["fail"]:
+            raise RuntimeError(f"flaky: gave up on prompt {kwargs['index']}")
+        return AgentLoopOutput(
+            prompt_ids=prompt_ids,
+            response_ids=output.token_ids,
+            response_mask=[1] * len(output.token_ids),
+            response_logprobs=output.log_probs,
+            num_turns=2,
         )
 
 

@@ -101,7 +101,7 @@ def test_the_rollout_pool_under_either_name(caplog):
     ("override", "message"),
     [
         ("trainer.v1.sampler.schedule=lifo", r"schedule='lifo'; use one of \('fixed_lag', 'replay_buffer'\)"),
-        ("trainer.v1.sampler.sync_refill_failed_groups=true", "failed groups are not replaced"),
+        ("trainer.v1.sampler.sync_refill_failed_groups=true", "sync_refill_failed_groups: read by the replay buffer"),
         ("trainer.v1.sampler.custom_sampler.path=/tmp/s.py", "custom_sampler.path: read by the replay buffer, which"),
         ("trainer.v1.separate_async.hybrid_rollout.enable_switch=true", "lending the training workers' rollout"),
         ("distillation.enabled=true", "distillation.enabled=True: on-policy distillation is not built yet"),
@@ -237,6 +237,11 @@ def test_veRLs_async_keys_under_the_fixed_lag(caplog):
         streamed = ["trainer.v1.sampler.schedule=replay_buffer", "trainer.v1.separate_async.parameter_sync_step=2"]
         validate_config(merged([*VALID, *SEPARATE_V1, *streamed]))
     assert "parameter_sync_step=2: each mini-batch trains as it is sampled, on the step's π_old" in caplog.text
+    with caplog.at_level(logging.WARNING, logger="verl.trainer.config"):
+        refill = ["trainer.v1.sampler.schedule=replay_buffer", "trainer.v1.sampler.sync_refill_failed_groups=true"]
+        validate_config(merged([*VALID, *refill]))  # sync: replaces the groups that failed wholly
+        validate_config(merged([*VALID, *SEPARATE_V1, *refill]))
+    assert "sync_refill_failed_groups=true: no effect in separate_async, whose buffer evicts and refills" in caplog.text
     with pytest.raises(
         ConfigError, match=r"separate_async.num_warmup_batches\) .* age 2, beyond .*threshold=1, .*wait"
     ):

@@ -4,9 +4,11 @@ thread instead of generating, recording prompts, weight version and seed), with 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tests.trainer.ppo.test_colocate_async_source import AheadTrainer, train
+from verl.experimental.agent_loop.failures import FAILED_COLUMN
 from verl.trainer.ppo.dynamic_sampling import StepState
 from verl.trainer.ppo.rollout_source import get_rollout_source_class
 from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
@@ -70,6 +72,38 @@ def test_a_stale_group_is_dropped_and_refilled_with_a_fresh_prompt():
     assert metrics[2]["training/off_policy/evicted_samples_staleness/max"] == 3
     # three batches dispatched at step 1 (versions 0), then 4 prompts generated at step 3 with version 2
     assert [(len(p), version) for p, version, _ in trainer.generated] == [(4, 0), (4, 0), (4, 0), (4, 2)]
+    source.close()
+
+
+class FailingTrainer(AheadTrainer):
+    """The stand-in whose agent loop fails on the first sample of the prompts in ``failing`` (``__failed__``, as
+    verl.experimental.agent_loop.failures marks them), the first time each is generated."""
+
+    def __init__(self, failing, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.failing = set(failing)
+
+    def _rollout(self, prompts, step, *, epoch=None, seed_step=None):
+        batch = super()._rollout(prompts, step, epoch=epoch, seed_step=seed_step)
+        rows = [int(u) for u in batch.non_tensor_batch["uid"]]
+        failed = [i in self.failing and (k == 0 or rows[k - 1] != i) for k, i in enumerate(rows)]
+        self.failing -= set(rows)
+        batch.non_tensor_batch[FAILED_COLUMN] = np.array(failed, dtype=bool)
+        return batch
+
+
+def test_a_group_with_a_failed_sample_is_evicted_and_refilled_one_for_one():
+    trainer = FailingTrainer(failing=[1, 2], max_lag=0, total_steps=1)
+    source = buffered(trainer)
+    assert source.keeps_failed_samples  # the trainer asks the agent loops to keep failed samples
+    trainer.state.global_steps += 1
+    step = StepState(metrics={})
+    batch = source.next_batch(step)
+    # prompts 0..3, of which 1 and 2 failed: replaced by 4 and 5 (two prompts, one generation)
+    assert [(p, v) for p, v, _ in trainer.generated] == [([0, 1, 2, 3], 0), ([4, 5], 0)]
+    assert sorted({int(u) for u in batch.non_tensor_batch["uid"]}) == [0, 3, 4, 5]
+    assert not batch.non_tensor_batch[FAILED_COLUMN].any()
+    assert step.metrics["training/rollout_failure/evicted_samples"] == 2
     source.close()
 
 

@@ -12,6 +12,7 @@ import torch
 from omegaconf import OmegaConf
 
 from tests.trainer.config.test_validate import VALID
+from verl.experimental.agent_loop.failures import FAILED_COLUMN
 from verl.protocol import DataProto
 from verl.trainer.config.validate import ConfigError, merged, validate_config
 from verl.trainer.ppo.dynamic_sampling import StepState
@@ -56,6 +57,23 @@ class Scorer:
             {"token_level_scores": scores},
             {"uid": np.array([f"{epoch}-{i}" for i in rows], dtype=object), "index": rows},
         )
+
+
+class FailingScorer(Scorer):
+    """As :class:`Scorer`, and the agent loops of some samples fail (``__failed__``, as
+    verl.experimental.agent_loop.failures marks them): the first sample of the prompts in ``partly``, every sample of
+    those in ``wholly``."""
+
+    def __init__(self, partly=(), wholly=()) -> None:
+        super().__init__(flat=[])
+        self.partly, self.wholly = set(partly), set(wholly)
+
+    def __call__(self, prompts, step, first_prompt, epoch):
+        batch = super().__call__(prompts, step, first_prompt, epoch)
+        rows = batch.non_tensor_batch["index"]
+        failed = [i in self.wholly or (i in self.partly and k % N == 0) for k, i in enumerate(rows)]
+        batch.non_tensor_batch[FAILED_COLUMN] = np.array(failed, dtype=bool)
+        return batch
 
 
 def source(batch_size: int, loader_batch: int, total: int, scorer: Scorer, cfg, epochs: int = 1):
@@ -121,6 +139,25 @@ def test_the_prompts_left_of_a_loader_batch_survive_a_checkpoint():
     resumed.load_state_dict(state)
     assert resumed.next_batch(StepState(metrics={}), 3) is None  # 10, 11 are too few for a batch
     assert scorer.calls == []
+
+
+def test_a_failed_group_trains_padded_and_a_group_that_failed_wholly_is_refilled_when_asked():
+    # by default (veRL's) a failed group stays: its failed samples are padded in as samples of their own group
+    scorer = FailingScorer(partly=[1], wholly=[2])
+    batch = source(4, loader_batch=8, total=16, scorer=scorer, cfg=config(4)).next_batch(StepState(metrics={}), 1)
+    assert [len(idx) for idx, _ in scorer.calls] == [4] and len(batch) == 4 * N
+    uids, failed = batch.non_tensor_batch["uid"], batch.non_tensor_batch[FAILED_COLUMN]
+    assert [bool(f) for f in failed] == [False, False, True, False, True, True, False, False]
+    assert [str(u) for u in uids[failed]] == ["0-1/failed-2", "0-2/failed-4", "0-2/failed-5"]
+    assert len(set(uids[~failed])) == 3  # the others keep their group: 0 and 3 whole, 1 without its failed sample
+    # with sync_refill_failed_groups a group with no trajectory at all is replaced (one prompt), a partial one stays
+    scorer = FailingScorer(partly=[1], wholly=[2])
+    step = StepState(metrics={})
+    cfg = config(4, sync_refill_failed_groups=True)
+    batch = source(4, loader_batch=8, total=16, scorer=scorer, cfg=cfg).next_batch(step, 1)
+    assert scorer.calls == [([0, 1, 2, 3], 0), ([4], 4)] and trained(batch) == [0, 1, 3, 4]
+    assert step.metrics["training/rollout_failure/evicted_samples"] == 1
+    assert sum(batch.non_tensor_batch[FAILED_COLUMN]) == 1  # prompt 1's failed sample, padded in
 
 
 @pytest.mark.parametrize("metric", ["acc"])

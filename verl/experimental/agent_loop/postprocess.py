@@ -53,6 +53,7 @@ class SampleResult:
     reward: torch.Tensor | None = None  # (1, response_length)
     reward_extra: dict[str, Any] = field(default_factory=dict)
     token_versions: list[int] = field(default_factory=list)  # the weight version of each generated token, in order
+    failed: bool = False  # its agent loop raised: a placeholder row (verl.experimental.agent_loop.failures)
 
 
 def version_ranges(response_mask: Sequence[int], token_versions: Sequence[int]) -> list[list[int]]:
@@ -127,8 +128,9 @@ def rows_to_tensors(rows: Sequence[dict[str, list]]) -> dict[str, torch.Tensor]:
 _INT_ROWS = ("prompt_ids", "prompt_mask", "responses", "response_valid", "response_mask")
 
 
-def samples_to_batch(results: Sequence[SampleResult]) -> DataProto:
-    """The batch of finished samples, in order (see the module docstring for its keys)."""
+def samples_to_batch(results: Sequence[SampleResult], failed_column: bool = False) -> DataProto:
+    """The batch of finished samples, in order (see the module docstring for its keys); with ``failed_column``, a
+    ``__failed__`` column says which samples failed."""
     with_log_probs = {r.output.response_logprobs is not None for r in results}
     if len(with_log_probs) > 1:
         missing = sorted({r.agent_name for r in results if r.output.response_logprobs is None})
@@ -154,6 +156,8 @@ def samples_to_batch(results: Sequence[SampleResult]) -> DataProto:
     for key in STABLE_EXTRA_FIELDS:
         if key not in non_tensors:
             non_tensors[key] = object_column([None] * len(results))
+    if failed_column:
+        non_tensors["__failed__"] = np.array([r.failed for r in results], dtype=bool)
     return DataProto.from_dict(tensors, non_tensors, meta_info={"reward_extra_keys": reward_keys})
 
 

@@ -31,6 +31,7 @@ from verl.experimental.agent_loop.agent_loop import (
     default_agent_loop,
     load_agent_loop_configs,
 )
+from verl.experimental.agent_loop.failures import keep_failed_samples
 from verl.experimental.agent_loop.postprocess import (
     SampleResult,
     object_column,
@@ -142,12 +143,14 @@ class AgentLoopWorkerBase:
             fn = None
         scorer = None if fn is None else _Scorer(fn, self._scoring)
         traces = _trace_scopes(batch, step, validate, rollout.seed)
-        tasks = []
+        keep_failed = bool(meta.get("keep_failed_samples", False))
+        tasks, prompt_ids = [], []
         for i in range(rows):
             fields = {k: v[i] for k, v in batch.non_tensor_batch.items() if k != "agent_name"}
             if batch.batch is not None and "input_ids" in batch.batch.keys():
                 ids, mask = batch.batch["input_ids"][i], batch.batch["attention_mask"][i]
                 fields["raw_prompt_ids"] = ids[mask.bool()].tolist()
+            prompt_ids.append(list(fields.get("raw_prompt_ids") or []))
             sample_params = dict(params)
             if not greedy:
                 prompt, sample = (int(batch.batch[k][i]) for k in ("prompt_index", "sample_index"))
@@ -157,13 +160,17 @@ class AgentLoopWorkerBase:
         with getattr(self.server_manager, "wave", contextlib.nullcontext)():
             await asyncio.sleep(0)
         try:
-            results = await asyncio.gather(*tasks)
+            results = await asyncio.gather(*tasks, return_exceptions=keep_failed)
+            if keep_failed:  # failed samples become placeholder rows, their groups marked failed
+                pad = self._pad_id()
+                lengths = (rollout.prompt_length, rollout.response_length)
+                results = keep_failed_samples(results, names, prompt_ids, *lengths, pad)
         except BaseException:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(self.server_manager.abort(None), return_exceptions=True)
             raise
-        return self._join(results, scorer)
+        return self._join(results, scorer, failed_column=keep_failed)
 
     def _sampling_params(self, meta: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         rollout = self.rollout_config
@@ -206,11 +213,14 @@ class AgentLoopWorkerBase:
                 "not an AgentLoopOutput"
             )
         rollout = self.rollout_config
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        rows = pad_sample(output, agent_name, rollout.prompt_length, rollout.response_length, int(pad or 0))
+        rows = pad_sample(output, agent_name, rollout.prompt_length, rollout.response_length, self._pad_id())
         result = SampleResult(agent_name, output, rows, token_versions=token_versions)
         await self._score(result, fields, scorer)
         return result
+
+    def _pad_id(self) -> int:
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        return int(pad or 0)
 
     # ------------------------------------------------------------------ rewards
     async def _score(self, result: SampleResult, fields: dict[str, Any], scorer: _Scorer | None) -> None:
@@ -234,13 +244,13 @@ class AgentLoopWorkerBase:
         )
         result.reward, result.reward_extra = await scorer.score(row)
 
-    def _join(self, results: list[SampleResult], scorer: _Scorer | None) -> DataProto:
+    def _join(self, results: list[SampleResult], scorer: _Scorer | None, failed_column: bool = False) -> DataProto:
         if scorer is not None:
             scorer.check()
         extra = align_extra_info([r.reward_extra for r in results])
         for i, r in enumerate(results):
             r.reward_extra = {k: v[i] for k, v in extra.items()}
-        out = samples_to_batch(results)
+        out = samples_to_batch(results, failed_column)
         out.meta_info["metrics"] = [r.output.metrics.model_dump() for r in results]
         if scorer is not None and scorer.scored:
             counts = {"reward/error_count": scorer.errors, "reward/timeout_count": scorer.timeouts}

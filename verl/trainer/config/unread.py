@@ -266,14 +266,6 @@ UNREAD: tuple[Unread, ...] = (
         "lending the training workers' rollout replicas to the standalone servers' load balancer is not built yet",
         harmless=(False,),
     ),
-    *(
-        Unread(
-            f"trainer.v1.sampler.{name}",
-            "error",
-            f"this part of veRL's replay buffer is not built yet ({why})",
-        )
-        for name, why in (("sync_refill_failed_groups", "failed groups are not replaced"),)
-    ),
     Unread(
         "skip",
         "error",
@@ -344,7 +336,6 @@ NAME_USED_ELSEWHERE: frozenset[str] = frozenset(
         "reward.sandbox_fusion",
         # veRL 0.10's names that are this project's words for other things (the modes, the sampler of data.*)
         "trainer.v1.sync",
-        "trainer.v1.sampler.sync_refill_failed_groups",
         "skip",
         "distillation",  # need_teacher_policy reads distillation.enabled (refused at start-up when true)
     }

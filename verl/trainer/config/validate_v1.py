@@ -152,18 +152,26 @@ def _filter_groups(config: Any, schedule: str) -> None:
 
 
 def _custom_sampler(sampler: Any, schedule: str, mode: str, problems: list[str], check_environment: bool) -> None:
-    """``custom_sampler`` / ``sampler_kwargs`` go to a replay buffer: only ``schedule=replay_buffer`` has one."""
+    """``custom_sampler`` / ``sampler_kwargs`` / ``sync_refill_failed_groups`` go to a replay buffer: only
+    ``schedule=replay_buffer`` has one."""
     custom = sampler.get("custom_sampler") or {}
     given = [
         f"{SAMPLER}.{key}"
         for key, value in (
             ("custom_sampler.path", custom.get("path")),
             ("sampler_kwargs", sampler.get("sampler_kwargs")),
+            ("sync_refill_failed_groups", sampler.get("sync_refill_failed_groups")),
         )
         if value
     ]
     if not given:
         return
+    if schedule == "replay_buffer" and mode in ASYNC_MODES and sampler.get("sync_refill_failed_groups"):
+        logger.warning(
+            "%s.sync_refill_failed_groups=true: no effect in %s, whose buffer evicts and refills every failed group",
+            SAMPLER,
+            mode,
+        )
     if schedule != "replay_buffer":
         problems.append(
             f"{', '.join(given)}: read by the replay buffer, which {SAMPLER}.schedule={schedule} does not use; set "

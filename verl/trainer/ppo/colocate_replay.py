@@ -21,8 +21,15 @@ from typing import TYPE_CHECKING, Any
 
 from verl.protocol import DataProto
 from verl.trainer.ppo.colocate_async import ColocateAsyncRolloutSource, Generation
-from verl.trainer.ppo.dynamic_sampling import StepState, group_filter_values
-from verl.trainer.ppo.replay_batches import DataRanOut, PromptPool, add_sample_metrics, buffer_kwargs, sampler_class
+from verl.trainer.ppo.dynamic_sampling import StepState
+from verl.trainer.ppo.replay_batches import (
+    DataRanOut,
+    PromptPool,
+    add_sample_metrics,
+    buffer_kwargs,
+    record_groups,
+    sampler_class,
+)
 from verl.trainer.ppo.rollout_source import RolloutSource, refuse_own_rollout_filter, register_rollout_source
 from verl.trainer.ppo.v1.replay_buffer import ReplayBufferClosed
 
@@ -39,6 +46,8 @@ STATE_KEYS = {"dispatched", "regular", "buffer", "batches", "jobs", "prompt_pool
 class ColocateReplaySource(ColocateAsyncRolloutSource):
     """``trainer.mode=colocate_async`` with ``trainer.v1.sampler.schedule=replay_buffer`` (see the module
     docstring)."""
+
+    keeps_failed_samples = True  # a group with a failed sample is evicted and refilled
 
     def __init__(self, trainer: RayPPOTrainer) -> None:
         super().__init__(trainer)
@@ -123,16 +132,7 @@ class ColocateReplaySource(ColocateAsyncRolloutSource):
         try:
             batch = self._generate(generation, prompts)
             self._batches[generation.index] = batch
-            uids = batch.non_tensor_batch["uid"]
-            values = group_filter_values(batch, self.metric) if self.metric else None
-            rows: dict[Any, list[int]] = {}
-            for row, uid in enumerate(uids):
-                rows.setdefault(uid, []).append(row)
-            for key, uid in zip(keys, rows, strict=True):  # one uid per prompt, in the prompts' order
-                for row in rows[uid]:
-                    info = {self.metric: float(values[row])} if self.metric else None
-                    self.buffer.put_trajectory(TRAIN, key, (generation.index, row), info)
-                self.buffer.set_status(TRAIN, key, "finished")
+            record_groups(self.buffer, batch, lambda row: (generation.index, row), self.metric, keys)
             return batch
         except BaseException as e:  # the sampler would wait for these groups forever: wake it with the error
             self._error = e

@@ -59,11 +59,13 @@ class TrainerGeneration:
         do_sample: bool = True,
         first_prompt: int = 0,
         seed_step: int | None = None,
+        keep_failed: bool = False,
     ) -> Generated:
         """Generate ``n`` responses per prompt (greedy without ``do_sample``): the prompts' rows repeated ``n`` times
         joined with them, with the generation's timing and metrics (:class:`Generated`). ``batch`` itself is left
         as it was. The prompts are numbered from ``first_prompt`` (the number seeds their samples: each generation
-        batch of a step needs its own), the step from ``seed_step`` (default: the current one)."""
+        batch of a step needs its own), the step from ``seed_step`` (default: the current one). ``keep_failed``: a
+        sample whose agent loop raises is kept as a failed sample (``__failed__``; the replay-buffer schedule's)."""
         n = n or self.config.actor_rollout_ref.rollout.n
         batch = batch.select(batch_keys=list(batch.batch.keys()))  # a shallow copy: _get_gen_batch pops from it
         gen = self._get_gen_batch(batch)
@@ -72,6 +74,8 @@ class TrainerGeneration:
         gen.meta_info.update(validate=validate, global_steps=seed_step)  # the step seeds the sampling
         if not do_sample:
             gen.meta_info["do_sample"] = False
+        if keep_failed:
+            gen.meta_info["keep_failed_samples"] = True
         output = self.async_rollout_manager.generate_sequences(gen.repeat(n, interleave=True))
         meta = output.meta_info
         output.meta_info = {"reward_extra_keys": meta.get("reward_extra_keys", [])}

@@ -547,7 +547,8 @@ class RayPPOTrainer(TrainerHooks, TrainerGeneration, TrainerCheckpointing, Train
         with self._stage("gen", timing):  # DAPO's extra generation batches of a step get fresh seeds
             if first_prompt is None:
                 first_prompt = step.gen_batches * len(prompts)
-            generated = self._generate(prompts, first_prompt=first_prompt, seed_step=seed_step)
+            keep_failed = self.rollout_source.keeps_failed_samples
+            generated = self._generate(prompts, first_prompt=first_prompt, seed_step=seed_step, keep_failed=keep_failed)
         batch = generated.batch
         timing.update(generated.timing)
         metrics.update(generated.metrics)

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from verl.experimental.agent_loop.failures import FAILED_COLUMN
 from verl.protocol import DataProto
 from verl.trainer.ppo.dynamic_sampling import StepState, group_filter_values
 from verl.trainer.ppo.rollout_source import SyncRolloutSource, refuse_own_rollout_filter, register_rollout_source
@@ -142,8 +143,48 @@ def buffer_kwargs(config: Any, mode: str, refill_fn: Callable[[int], Any]) -> di
         "sampler_kwargs": dict(sampler.get("sampler_kwargs") or {}),
         "refill_fn": refill_fn,
         "filter_groups_metric": filter_cfg.get("metric") if filter_cfg.get("enable", False) else None,
+        "sync_refill_failed_groups": bool(sampler.get("sync_refill_failed_groups", False)),
         "poll_interval": 0.05,
     }
+
+
+def record_groups(
+    buffer: ReplayBuffer,
+    batch: DataProto,
+    ref: Callable[[int], Any],
+    metric: str | None,
+    keys: list[str] | None = None,
+) -> None:
+    """Record the scored ``batch``'s prompt groups in ``buffer``: each sample as a trajectory (``ref(row)``, with
+    DAPO's ``metric`` value) under its prompt's key (``keys``, one per prompt in the batch's order; default: the
+    uids), then the group's end: ``failure`` when one of its samples failed (``__failed__``: not a trajectory),
+    else ``finished``."""
+    uids = batch.non_tensor_batch["uid"]
+    failed = batch.non_tensor_batch.get(FAILED_COLUMN)
+    values = group_filter_values(batch, metric) if metric else None
+    rows: dict[Any, list[int]] = {}
+    for row, uid in enumerate(uids):
+        rows.setdefault(uid, []).append(row)
+    for key, uid in zip(keys or list(rows), rows, strict=True):
+        any_failed = False
+        for row in rows[uid]:
+            if failed is not None and failed[row]:
+                any_failed = True
+                continue
+            buffer.put_trajectory(TRAIN, key, ref(row), {metric: float(values[row])} if metric else None)
+        buffer.set_status(TRAIN, key, "failure" if any_failed else "finished")
+
+
+def own_group_for_failed(batch: DataProto) -> DataProto:
+    """Give each failed sample of ``batch`` a group id of its own (``<uid>/failed-<row>``), so that a group's
+    advantage is computed over the samples that did not fail (veRL's padding samples have ids of their own too)."""
+    failed = batch.non_tensor_batch.get(FAILED_COLUMN)
+    if failed is not None and failed.any():
+        uids = batch.non_tensor_batch["uid"].copy()
+        for row in np.flatnonzero(failed):
+            uids[row] = f"{uids[row]}/failed-{row}"
+        batch.non_tensor_batch["uid"] = uids
+    return batch
 
 
 class ReplayBufferBatches:
@@ -178,11 +219,13 @@ class ReplayBufferBatches:
         self._step: StepState | None = None
         self._global_steps = 0
         self._batches: list[DataProto] = []
+        self._rows: dict[Any, list[tuple[int, int]]] = {}  # each dispatched group's samples, failed ones included
         self._dispatched = 0
 
     def next_batch(self, step: StepState, global_steps: int) -> DataProto | None:
         """The step's training batch (``train_batch_size`` groups), or None when the data ran out."""
         self._step, self._global_steps, self._batches, self._dispatched = step, global_steps, [], 0
+        self._rows = {}
         try:
             self._dispatch(self.train_batch_size)
             groups, metrics = self.buffer.sample(global_steps, TRAIN, self.train_batch_size)
@@ -194,9 +237,10 @@ class ReplayBufferBatches:
             step.metrics["train/num_gen_batches"] = step.gen_batches
         merged = DataProto.concat(self._batches) if len(self._batches) > 1 else self._batches[0]
         offsets = np.cumsum([0] + [len(b) for b in self._batches])
-        rows = [int(offsets[b] + r) for group in groups for b, r in group.trajectories]
-        self._batches = []
-        return merged.select_idxs(rows)
+        # every sample of a group, its failed ones padded in as failed samples (masked, score 0)
+        rows = [int(offsets[b] + r) for group in groups for b, r in self._rows[group.uid]]
+        self._batches, self._rows = [], {}
+        return own_group_for_failed(merged.select_idxs(rows))
 
     def _dispatch(self, k: int) -> None:
         """Generate and score ``k`` new prompts (one generation batch; two at an epoch's end) and record their
@@ -216,13 +260,11 @@ class ReplayBufferBatches:
     def _record(self, batch: DataProto) -> None:
         index = len(self._batches)
         self._batches.append(batch)
-        values = group_filter_values(batch, self.metric) if self.metric else None
         for row, uid in enumerate(batch.non_tensor_batch["uid"]):
-            self.buffer.put_prompt(TRAIN, uid, self._global_steps, status="running")
-            info = {self.metric: float(values[row])} if self.metric else None
-            self.buffer.put_trajectory(TRAIN, uid, (index, row), info)
-        for uid in dict.fromkeys(batch.non_tensor_batch["uid"]):
-            self.buffer.set_status(TRAIN, uid, "finished")
+            if uid not in self._rows:
+                self.buffer.put_prompt(TRAIN, uid, self._global_steps, status="running")
+            self._rows.setdefault(uid, []).append((index, row))
+        record_groups(self.buffer, batch, lambda row: (index, row), self.metric)
 
     def state_dict(self) -> dict[str, Any]:
         """The prompts taken from the loader and not dispatched yet (the buffer is empty between steps)."""
@@ -236,6 +278,8 @@ class ReplayBufferBatches:
 class SyncReplaySource(SyncRolloutSource):
     """``trainer.mode=sync`` with ``trainer.v1.sampler.schedule=replay_buffer``: the step's batch through the
     replay buffer (:class:`ReplayBufferBatches`); the engines sleep after it as under the fixed lag."""
+
+    keeps_failed_samples = True
 
     def __init__(self, trainer: Any) -> None:
         super().__init__(trainer)

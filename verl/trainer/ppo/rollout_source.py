@@ -93,6 +93,9 @@ class RolloutSource(abc.ABC):
     #: the parts a step's batch is handed out in, one :meth:`next_batch` call each, each trained as it arrives (PPO
     #: mini-batches: veRL 0.10's ``separate_async`` streaming); 1: the whole batch at once
     parts_per_step: int = 1
+    #: a sample whose agent loop raises is kept as a failed sample and its group marked failed (the replay-buffer
+    #: schedule's); else the failure stops the run
+    keeps_failed_samples: bool = False
     #: the mode's rollout engines are servers of their own beside the training workers (resident, never asleep),
     #: not the hybrid engine inside them
     resident_servers: bool = False

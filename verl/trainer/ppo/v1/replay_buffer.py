@@ -23,10 +23,11 @@ otherwise, as veRL's: ``…/off_policy/evicted_samples`` with ``…/evicted_samp
 ``…/filter_groups/evicted_samples``, ``…/rollout_failure/evicted_samples``, and the filtered groups per metric value
 (:data:`DAPO_FILTERED_REWARD_COUNTS_KEY`, a dict for wandb's table).
 
-The sync mode takes its batches through it under ``trainer.v1.sampler.schedule=replay_buffer``
-(:mod:`verl.trainer.ppo.replay_batches`); the async modes run this project's fixed-lag schedule
-(:mod:`verl.trainer.config.validate_v1`), and the buffer's own keys (custom samplers, failed-group refills) stay
-refused by name at start-up. The async buffer is tested here with real producer and consumer threads.
+Every trainer mode takes its batches through it under ``trainer.v1.sampler.schedule=replay_buffer``
+(:mod:`verl.trainer.ppo.replay_batches`, :mod:`verl.trainer.ppo.colocate_replay`,
+:mod:`verl.trainer.ppo.separate_replay`), where a sample whose agent loop fails marks its group ``failure``
+(:mod:`verl.experimental.agent_loop.failures`). The async buffer is tested here with real producer and consumer
+threads.
 """
 
 from __future__ import annotations
