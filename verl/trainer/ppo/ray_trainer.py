@@ -584,7 +584,7 @@ class RayPPOTrainer(TrainerHooks, TrainerGeneration, TrainerCheckpointing, Train
                             parts,
                         )
                     break
-                self._train_part(batch, part, policy, index)
+                batch = self._train_part(batch, part, policy, index)
                 trained.append(batch)
                 aggregator.add_step_metrics(part.metrics, sample_count=len(batch))
         finally:
@@ -594,9 +594,9 @@ class RayPPOTrainer(TrainerHooks, TrainerGeneration, TrainerCheckpointing, Train
             step.metrics["training/parameter_sync_step"] = len(trained)  # the local updates before the push
         return (DataProto.concat(trained) if len(trained) > 1 else trained[0]) if trained else None
 
-    def _train_part(self, batch: DataProto, step: StepState, policy: StepPolicy, index: int) -> None:
+    def _train_part(self, batch: DataProto, step: StepState, policy: StepPolicy, index: int) -> DataProto:
         """Log-probs, values, advantages and the updates of one part of the step (the whole batch unless the source
-        streams); metrics into ``step``."""
+        streams); metrics into ``step``. Returns the part as trained (PF-PPO resamples it)."""
         timing, metrics = step.timing, step.metrics
         if self.config.trainer.balance_batch:  # over the ranks that train it
             _, balance_metrics = balance_batch(batch, self.actor_rollout_wg.world_size)
@@ -628,6 +628,7 @@ class RayPPOTrainer(TrainerHooks, TrainerGeneration, TrainerCheckpointing, Train
                 metrics.update(reduce_metrics(update.meta_info["metrics"]))
                 if batch.meta_info.pop("old_log_prob_in_update", False):
                     batch.union(update.select(batch_keys=["old_log_probs"]))
+        return batch
 
     def _finish_step(self, batch: DataProto, step: StepState) -> dict[str, Any]:
         """Everything after the updates: weight push, validation and checkpoint; returns the step's metrics."""
