@@ -42,7 +42,10 @@ WORKLOADS = {
 }
 MODES = {
     "sync": {"trainer.v1.trainer_mode": "sync"},
-    "colocate_async": {"trainer.v1.trainer_mode": "colocate_async", "trainer.v1.colocate_async.num_warmup_batches": "1"},
+    "colocate_async": {
+        "trainer.v1.trainer_mode": "colocate_async",
+        "trainer.v1.colocate_async.num_warmup_batches": "1",
+    },
     "separate_async": {
         "trainer.v1.trainer_mode": "separate_async",
         "trainer.v1.separate_async.num_warmup_batches": "1",

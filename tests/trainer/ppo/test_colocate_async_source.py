@@ -68,7 +68,7 @@ def train(trainer: AheadTrainer, source: ColocateAsyncRolloutSource, steps: int)
 @pytest.mark.parametrize("max_lag", [0, 1, 2])
 def test_batch_j_is_generated_by_version_j_minus_lag_and_seeded_by_step_j_plus_1(max_lag):
     trainer = AheadTrainer(max_lag, total_steps=5)
-    source = get_rollout_source_class("colocate_async")(trainer)
+    source = get_rollout_source_class("colocate_async")(trainer.rollouter())
     trained = train(trainer, source, 5)
     source.close()
     # 10 prompts, batches of 4: [0..3], [4..7] per epoch
@@ -80,14 +80,14 @@ def test_batch_j_is_generated_by_version_j_minus_lag_and_seeded_by_step_j_plus_1
 
 def test_the_queue_a_checkpoint_holds_is_handed_out_first_after_a_resume():
     trainer = AheadTrainer(max_lag=2, total_steps=5)
-    source = ColocateAsyncRolloutSource(trainer)
+    source = ColocateAsyncRolloutSource(trainer.rollouter())
     train(trainer, source, 2)
     saved = source.state_dict()  # after step 2's push: batches 2 and 3 generated, not trained
     assert [entry["index"] for entry in saved["ready"]] == [2, 3] and saved["next_index"] == 4
     assert [entry["weight_version"] for entry in saved["ready"]] == [0, 1]
     source.close()
 
-    resumed = ColocateAsyncRolloutSource(trainer)
+    resumed = ColocateAsyncRolloutSource(trainer.rollouter())
     resumed.load_state_dict(saved)
     trainer.generated.clear()
     assert train(trainer, resumed, 3) == [[0, 1, 2, 3], [4, 5, 6, 7], [0, 1, 2, 3]]
@@ -100,7 +100,7 @@ def test_the_queue_a_checkpoint_holds_is_handed_out_first_after_a_resume():
 def test_a_filter_takes_generation_batches_in_order_generating_more_when_the_queue_runs_dry():
     # DAPO's filter over the stand-in's scores: 2 informative prompts per batch of 4, so a step takes 2 batches
     trainer = AheadTrainer(max_lag=1, total_steps=2, filter_groups=True, epochs=2)
-    source = ColocateAsyncRolloutSource(trainer)
+    source = ColocateAsyncRolloutSource(trainer.rollouter())
     assert train(trainer, source, 2) == [[1, 3, 5, 7], [1, 3, 5, 7]]
     # step 1 generates batches 0 and 1 on demand and batch 2 ahead (version 0); step 2 takes batch 2, then
     # generates batch 3 on demand with version 1: with a filter the lag is a bound, each batch seeded by its number

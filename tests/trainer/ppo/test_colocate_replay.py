@@ -18,7 +18,7 @@ def buffered(trainer: AheadTrainer, **sampler):
     trainer.config.trainer.v1.sampler.schedule = "replay_buffer"
     for key, value in sampler.items():
         trainer.config.trainer.v1.sampler[key] = value
-    return get_rollout_source_class("colocate_async", "replay_buffer")(trainer)
+    return get_rollout_source_class("colocate_async", "replay_buffer")(trainer.rollouter())
 
 
 @pytest.mark.parametrize("warmup", [0, 1, 2])
@@ -27,7 +27,9 @@ def test_without_a_filter_warmup_batches_give_the_fixed_lag_schedule(warmup):
     for schedule in ("fixed_lag", "replay_buffer"):
         trainer = AheadTrainer(warmup, total_steps=5)
         source = (
-            buffered(trainer) if schedule == "replay_buffer" else get_rollout_source_class("colocate_async")(trainer)
+            buffered(trainer)
+            if schedule == "replay_buffer"
+            else get_rollout_source_class("colocate_async")(trainer.rollouter())
         )
         runs[schedule] = (train(trainer, source, 5), trainer.generated)
         source.close()

@@ -23,8 +23,10 @@ from omegaconf import OmegaConf
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import get_kl_controller
 from verl.trainer.ppo.dynamic_sampling import StepState, accumulate_groups
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from verl.trainer.ppo.rollout_source import (
     PromptStream,
+    Rollouter,
     RolloutSource,
     SyncRolloutSource,
     get_rollout_source_class,
@@ -91,8 +93,8 @@ def test_trainer_state_round_trip_restores_every_part():
 
 
 def test_a_source_without_state_refuses_a_checkpoint_that_holds_some():
-    trainer = SimpleNamespace(config=OmegaConf.create({"trainer": {"mode": "sync"}}))
-    source = SyncRolloutSource(trainer)
+    config = OmegaConf.create({"trainer": {"mode": "sync"}})
+    source = SyncRolloutSource(Rollouter(config, TrainerState(), rollout=None, prompts=None, total_training_steps=1))
     source.load_state_dict({})  # nothing to restore: fine
     with pytest.raises(
         ValueError, match=r"rollout-source state \['queue'\] that trainer.v1.trainer_mode='sync' cannot restore"
@@ -135,6 +137,11 @@ class StandInTrainer:
         self.slept, self.slept_in, self.stage, self.first_prompts = 0, [], None, []
         self.checkpoint_manager = SimpleNamespace(sleep_replicas=self._sleep)
         self.rollouts = []
+        self.total_training_steps = 1
+
+    def rollouter(self):
+        """The seam a source gets, built by the trainer's own code over this stand-in."""
+        return RayPPOTrainer._rollouter(self)
 
     def _sleep(self) -> None:
         self.slept += 1
@@ -169,14 +176,14 @@ class StandInTrainer:
 def test_sync_source_returns_each_generated_batch_and_puts_the_engines_to_sleep():
     trainer = StandInTrainer(filter_groups=False)
     step = StepState(metrics={})
-    batch = SyncRolloutSource(trainer).next_batch(step)
+    batch = SyncRolloutSource(trainer.rollouter()).next_batch(step)
     assert trainer.rollouts == [[0, 1, 2, 3]] and len(batch) == 8
     assert step.metrics["training/epoch"] == 0 and trainer.slept_in == ["gen"]  # timed as gen; the push wakes them
 
 
 def test_sync_source_keeps_the_engines_awake_in_a_critic_warmup_step():
     trainer = StandInTrainer(filter_groups=False, critic_warmup=2)  # step 1 updates no actor: no push follows
-    SyncRolloutSource(trainer).next_batch(StepState(metrics={}))
+    SyncRolloutSource(trainer.rollouter()).next_batch(StepState(metrics={}))
     assert trainer.slept == 0
 
 
@@ -184,7 +191,7 @@ def test_the_filter_hook_asks_for_more_batches_until_the_step_is_full():
     # DAPO's filter: only odd prompts are informative, 2 per batch of 4; 4 prompts take 2 generation batches
     trainer = StandInTrainer(filter_groups=True)
     step = StepState(metrics={})
-    batch = SyncRolloutSource(trainer).next_batch(step)
+    batch = SyncRolloutSource(trainer.rollouter()).next_batch(step)
     assert trainer.rollouts == [[0, 1, 2, 3], [4, 5, 6, 7]] and trainer.slept == 1
     assert sorted(set(batch.non_tensor_batch["uid"])) == ["1", "3", "5", "7"]
     assert step.metrics["train/num_gen_batches"] == 2
@@ -193,7 +200,7 @@ def test_the_filter_hook_asks_for_more_batches_until_the_step_is_full():
 def test_a_step_the_data_cannot_fill_is_not_trained_and_says_so(caplog):
     trainer = StandInTrainer(filter_groups=True, train_batch_size=6)  # 2 batches of the epoch keep 4 prompts
     with caplog.at_level(logging.WARNING, logger="verl.trainer.ppo.rollout_source"):
-        assert SyncRolloutSource(trainer).next_batch(StepState(metrics={})) is None
+        assert SyncRolloutSource(trainer.rollouter()).next_batch(StepState(metrics={})) is None
     assert "the data ran out during step 1 after 2 generation batches (4 of 6 prompts kept)" in caplog.text
     assert trainer.slept == 0
 
@@ -204,7 +211,7 @@ def test_without_a_filter_the_replay_buffer_schedule_gives_the_fixed_lag_batches
     got = {}
     for schedule in ("fixed_lag", "replay_buffer"):
         trainer = StandInTrainer(filter_groups=False, schedule=schedule)
-        source = get_rollout_source_class("sync", schedule)(trainer)
+        source = get_rollout_source_class("sync", schedule)(trainer.rollouter())
         batches = []
         for global_steps in (1, 2):
             trainer.state.global_steps = global_steps
@@ -220,7 +227,7 @@ def test_without_a_filter_the_replay_buffer_schedule_gives_the_fixed_lag_batches
 def test_a_recipes_own_rollout_filter_is_refused_under_the_replay_buffer_schedule():
     trainer = StandInTrainer(filter_groups=True, schedule="replay_buffer")
     source_class = get_rollout_source_class("sync", "replay_buffer")
-    source_class(trainer)  # DAPO's own filter: the buffer does its work
+    source_class(trainer.rollouter())  # DAPO's own filter: the buffer does its work
     trainer.rollout_filter = lambda batch, step: batch
     with pytest.raises(ValueError, match=r"StandInTrainer._create_rollout_filter gives a rollout filter of its own"):
-        source_class(trainer)
+        source_class(trainer.rollouter())

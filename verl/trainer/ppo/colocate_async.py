@@ -37,7 +37,7 @@ from verl.trainer.ppo.dynamic_sampling import StepState
 from verl.trainer.ppo.rollout_source import RolloutSource, register_rollout_source
 
 if TYPE_CHECKING:
-    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.trainer.ppo.rollout_source import Rollouter
 
 __all__ = ["ColocateAsyncRolloutSource"]
 
@@ -66,9 +66,10 @@ class ColocateAsyncRolloutSource(RolloutSource):
 
     resident_servers = True
 
-    def __init__(self, trainer: RayPPOTrainer) -> None:
-        super().__init__(trainer)
-        self.max_lag = async_training_config(trainer.config).max_lag
+    def __init__(self, rollouter: Rollouter) -> None:
+        super().__init__(rollouter)
+        r = rollouter
+        self.max_lag = async_training_config(r.config).max_lag
         self._queue: collections.deque[Generation] = collections.deque()  # oldest first: done, or in flight
         self._next_index = 0
         self._thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="colocate-rollout")
@@ -79,9 +80,9 @@ class ColocateAsyncRolloutSource(RolloutSource):
 
     # ------------------------------------------------------------------ the schedule
     def next_batch(self, step: StepState) -> DataProto | None:
-        trainer = self.trainer
+        r = self.rollouter
         self._waited, self._step_start, self._step = 0.0, time.perf_counter(), step
-        step.metrics["fully_async/count/current_param_version"] = trainer.state.weight_version
+        step.metrics["fully_async/count/current_param_version"] = r.state.weight_version
         while True:
             if not self._queue and not self._start():
                 self.data_ran_out(step)
@@ -92,8 +93,8 @@ class ColocateAsyncRolloutSource(RolloutSource):
                 step.timing[key] = step.timing.get(key, 0.0) + seconds
             for key, value in generation.metrics.items():
                 step.metrics.setdefault(key, value)
-            if trainer.rollout_filter is not None:
-                batch = trainer.rollout_filter(batch, step)
+            if r.rollout_filter is not None:
+                batch = r.rollout_filter(batch, step)
                 if batch is None:
                     continue
             self._top_up()
@@ -127,18 +128,18 @@ class ColocateAsyncRolloutSource(RolloutSource):
     def _top_up(self) -> None:
         """Start generation batches with the servers' current weights until ``max_lag`` are queued (never more than
         the steps left to train)."""
-        trainer = self.trainer
-        left = trainer.total_training_steps - trainer.state.global_steps
+        r = self.rollouter
+        left = r.total_training_steps - r.state.global_steps
         while len(self._queue) < min(self.max_lag, left) and self._start():
             pass
 
     def _start(self) -> bool:
         """Draw the next prompts and queue their generation; False when the data ran out."""
-        trainer = self.trainer
-        prompts = trainer.prompts.next()
+        r = self.rollouter
+        prompts = r.prompts().next()
         if prompts is None:
             return False
-        generation = Generation(self._next_index, trainer.state.epoch, trainer.state.weight_version)
+        generation = Generation(self._next_index, r.state.epoch, r.state.weight_version)
         self._next_index += 1
         generation.future = self._thread.submit(self._generate, generation, prompts)
         self._queue.append(generation)
@@ -148,7 +149,7 @@ class ColocateAsyncRolloutSource(RolloutSource):
         """On the generation thread: generate and score one batch, seeded by its number."""
         step = StepState(metrics={"training/epoch": generation.epoch}, timing=generation.timing)
         start = time.perf_counter()
-        batch = self.trainer._rollout(prompts, step, epoch=generation.epoch, seed_step=generation.index + 1)
+        batch = self.rollouter.rollout(prompts, step, epoch=generation.epoch, seed_step=generation.index + 1)
         generation.seconds = time.perf_counter() - start
         generation.metrics.update(step.metrics)
         return batch

@@ -34,7 +34,7 @@ from verl.trainer.ppo.rollout_source import RolloutSource, refuse_own_rollout_fi
 from verl.trainer.ppo.v1.replay_buffer import ReplayBufferClosed
 
 if TYPE_CHECKING:
-    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.trainer.ppo.rollout_source import Rollouter
 
 __all__ = ["ColocateReplaySource"]
 
@@ -49,15 +49,16 @@ class ColocateReplaySource(ColocateAsyncRolloutSource):
 
     keeps_failed_samples = True  # a group with a failed sample is evicted and refilled
 
-    def __init__(self, trainer: RayPPOTrainer) -> None:
-        super().__init__(trainer)
-        refuse_own_rollout_filter(trainer, "replay_buffer")
-        config = trainer.config
+    def __init__(self, rollouter: Rollouter) -> None:
+        super().__init__(rollouter)
+        r = rollouter
+        refuse_own_rollout_filter(r, "replay_buffer")
+        config = r.config
         self.train_batch_size = int(config.data.train_batch_size)
         kwargs = buffer_kwargs(config, "colocate_async", self._refill)
         self.metric = kwargs["filter_groups_metric"]
         self.buffer = sampler_class(config.trainer.v1.sampler, is_async=True)(**kwargs)
-        self.pool = PromptPool(lambda: trainer.prompts, lambda: trainer.state.epoch)
+        self.pool = PromptPool(r.prompts, lambda: r.state.epoch)
         self._batches: dict[int, DataProto] = {}  # dispatch number → its scored batch, while a group refers to it
         self._regular = 0  # the batches dispatched for steps (warm-up included), not refills
         self._dispatching_step = 0
@@ -70,12 +71,12 @@ class ColocateReplaySource(ColocateAsyncRolloutSource):
 
     def _begin_step(self, step: StepState) -> None:
         """A step starts: dispatch up to W batches ahead of it (none past the last step)."""
-        trainer = self.trainer
+        r = self.rollouter
         self._waited, self._step_start, self._step = 0.0, time.perf_counter(), step
-        step.metrics["fully_async/count/current_param_version"] = trainer.state.weight_version
-        global_steps = trainer.state.global_steps
+        step.metrics["fully_async/count/current_param_version"] = r.state.weight_version
+        global_steps = r.state.global_steps
         self._dispatching_step = global_steps
-        wanted = min(global_steps + self.max_lag, trainer.total_training_steps)
+        wanted = min(global_steps + self.max_lag, r.total_training_steps)
         while self._regular < wanted and self._dispatch(self.train_batch_size):
             self._regular += 1
 
@@ -87,7 +88,7 @@ class ColocateReplaySource(ColocateAsyncRolloutSource):
             return None
         start = time.perf_counter()
         try:
-            groups, metrics = self.buffer.sample(self.trainer.state.global_steps, TRAIN, size)
+            groups, metrics = self.buffer.sample(self.rollouter.state.global_steps, TRAIN, size)
         except DataRanOut:
             self.data_ran_out(step)
             return None
@@ -107,12 +108,12 @@ class ColocateReplaySource(ColocateAsyncRolloutSource):
     def _dispatch(self, k: int) -> bool:
         """Queue the generation of ``k`` new prompts (their groups pending in the buffer); False when the data ran
         out first."""
-        trainer = self.trainer
+        r = self.rollouter
         parts = self.pool.take(k)
         if parts is None:
             return False
         for epoch, prompts in parts:
-            generation = Generation(self._next_index, epoch, trainer.state.weight_version)
+            generation = Generation(self._next_index, epoch, r.state.weight_version)
             self._next_index += 1
             keys = [f"{generation.index}:{p}" for p in range(len(prompts))]
             for key in keys:

@@ -57,7 +57,7 @@ from verl.trainer.ppo.profiling import TrainerProfiling
 from verl.trainer.ppo.reward import compute_reward_with_metrics, load_reward_fns
 from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode, compute_rollout_correction_and_add_to_batch
 from verl.trainer.ppo.rollout_manager import CheckpointManager, create_rollout_manager, start_rollout_servers
-from verl.trainer.ppo.rollout_source import PromptStream, RolloutFilter, get_rollout_source_class
+from verl.trainer.ppo.rollout_source import PromptStream, Rollouter, RolloutFilter, get_rollout_source_class
 from verl.trainer.ppo.step_policy import StepPolicy
 from verl.trainer.ppo.trainer_checkpoint import TrainerCheckpointing
 from verl.trainer.ppo.trainer_data import build_dataloaders
@@ -172,9 +172,27 @@ class RayPPOTrainer(TrainerHooks, TrainerGeneration, TrainerCheckpointing, Train
         self.state = TrainerState(kl_ctrl=self.kl_ctrl_in_reward, dataloader=self.train_dataloader)
         self.rollout_filter = self._create_rollout_filter()
         schedule = OmegaConf.select(self.config, "trainer.v1.sampler.schedule", default="fixed_lag")
-        self.rollout_source = get_rollout_source_class(self.rollout_mode or trainer_mode(self.config), schedule)(self)
+        source_cls = get_rollout_source_class(self.rollout_mode or trainer_mode(self.config), schedule)
+        self.rollout_source = source_cls(self._rollouter())
         self.state.source = self.rollout_source
         self.prompts: PromptStream | None = None  # the training prompts, from fit(); a recipe's fit() reads the loader
+
+    def _rollouter(self) -> Rollouter:
+        """What the rollout source uses of this trainer, declared (the servers, the prompts and the weight push are
+        made later: ``init_workers``, ``fit``)."""
+        return Rollouter(
+            config=self.config,
+            state=self.state,
+            rollout=self._rollout,
+            prompts=lambda: self.prompts,
+            total_training_steps=self.total_training_steps,
+            rollout_filter=self.rollout_filter,
+            updates_actor=self._updates_actor,
+            sleep_replicas=lambda: self.checkpoint_manager.sleep_replicas(),
+            servers=lambda: self.rollout_wg,
+            stage=self._stage,
+            owner=type(self).__qualname__,
+        )
 
     @property
     def global_steps(self) -> int:

@@ -26,7 +26,12 @@ import numpy as np
 from verl.experimental.agent_loop.failures import FAILED_COLUMN
 from verl.protocol import DataProto
 from verl.trainer.ppo.dynamic_sampling import StepState, group_filter_values
-from verl.trainer.ppo.rollout_source import SyncRolloutSource, refuse_own_rollout_filter, register_rollout_source
+from verl.trainer.ppo.rollout_source import (
+    Rollouter,
+    SyncRolloutSource,
+    refuse_own_rollout_filter,
+    register_rollout_source,
+)
 from verl.trainer.ppo.v1.replay_buffer import DAPO_FILTERED_REWARD_COUNTS_KEY, ReplayBuffer, ReplayBufferAsync
 from verl.utils.tracking.tables import FILTERED_REWARD_TABLE_KEY
 
@@ -281,18 +286,19 @@ class SyncReplaySource(SyncRolloutSource):
 
     keeps_failed_samples = True
 
-    def __init__(self, trainer: Any) -> None:
-        super().__init__(trainer)
-        refuse_own_rollout_filter(trainer, "replay_buffer")
+    def __init__(self, rollouter: Rollouter) -> None:
+        super().__init__(rollouter)
+        r = rollouter
+        refuse_own_rollout_filter(r, "replay_buffer")
         self.buffered = ReplayBufferBatches(
-            trainer.config,
-            lambda prompts, step, first, epoch: trainer._rollout(prompts, step, epoch=epoch, first_prompt=first),
-            lambda: trainer.prompts,
-            lambda: trainer.state.epoch,
+            r.config,
+            lambda prompts, step, first, epoch: r.rollout(prompts, step, epoch=epoch, first_prompt=first),
+            r.prompts,
+            lambda: r.state.epoch,
         )
 
     def _assemble(self, step: StepState) -> DataProto | None:
-        return self.buffered.next_batch(step, self.trainer.state.global_steps)
+        return self.buffered.next_batch(step, self.rollouter.state.global_steps)
 
     def state_dict(self) -> dict[str, Any]:
         return self.buffered.state_dict()

@@ -13,9 +13,10 @@ batch is generated; it is chosen by ``trainer.mode`` from a registry (:func:`reg
 - ``separate_async`` (:class:`~verl.trainer.ppo.separate_async.SeparateAsyncRolloutSource`): rollout servers on a
   pool of their own generate all the time into a bounded sample queue; the trainer takes whole groups from it.
 
-A source pulls prompts from the trainer's :class:`PromptStream` and generates them through the trainer's stages
-(``_rollout``: gen → gen_max → reward). A *rollout filter* (the trainer's ``rollout_filter``, made by the
-``_create_rollout_filter`` hook) may keep only part of each generated batch and ask for more: DAPO's dynamic
+A source never reaches into the trainer: what it uses is declared in its :class:`Rollouter` (prompts → scored
+groups), which the trainer builds: the :class:`PromptStream`, the generation stages (the trainer's ``_rollout``: gen
+→ gen_max → reward), the rollout servers, the trainer state, and a *rollout filter* (the trainer's
+``_create_rollout_filter`` hook) that may keep only part of each generated batch and ask for more: DAPO's dynamic
 sampling is one (:func:`verl.trainer.ppo.dynamic_sampling.accumulate_groups`).
 """
 
@@ -26,6 +27,7 @@ import contextlib
 import importlib
 import logging
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from verl.protocol import DataProto
@@ -33,12 +35,12 @@ from verl.trainer.config.layout import trainer_mode
 from verl.trainer.ppo.dynamic_sampling import StepState, accumulate_groups
 
 if TYPE_CHECKING:
-    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
     from verl.trainer.ppo.trainer_state import TrainerState
 
 __all__ = [
     "PromptStream",
     "RolloutFilter",
+    "Rollouter",
     "RolloutSource",
     "SyncRolloutSource",
     "get_rollout_source_class",
@@ -74,15 +76,49 @@ class PromptStream:
         return None
 
 
+@dataclass(frozen=True)
+class Rollouter:
+    """Prompts → scored groups: everything a :class:`RolloutSource` uses, passed in by the trainer (a source never
+    reaches into the trainer).
+
+    Args:
+        config: the trainer config (resolved).
+        state: the trainer state (step, epoch, weight version), read and, for the data position, advanced.
+        rollout: ``rollout(prompts, step, *, epoch=None, seed_step=None, first_prompt=None)`` generates
+            ``rollout.n`` responses per prompt with the engines' current weights and scores them (the trainer's
+            generation stages, timed into ``step``).
+        prompts: returns the training prompts' :class:`PromptStream` (made when training starts).
+        total_training_steps: the run's steps.
+        rollout_filter: keeps part of each scored generation batch and asks for more (None: none).
+        updates_actor: whether the step in progress updates the actor (and pushes its weights).
+        sleep_replicas: frees the rollout engines' memory until the next push.
+        servers: returns the rollout servers' worker group (made when the workers start).
+        stage: ``stage(name, timing)`` times a stage of the step under ``timing_s/<name>``.
+        owner: who made it (the trainer's class name), for messages.
+    """
+
+    config: Any
+    state: TrainerState
+    rollout: Callable[..., DataProto]
+    prompts: Callable[[], PromptStream]
+    total_training_steps: int
+    rollout_filter: RolloutFilter | None = None
+    updates_actor: Callable[[], bool] = lambda: True
+    sleep_replicas: Callable[[], None] = lambda: None
+    servers: Callable[[], Any] = lambda: None
+    stage: Callable[[str, dict], Any] = lambda name, timing: contextlib.nullcontext()
+    owner: str = "the trainer"
+
+
 class RolloutSource(abc.ABC):
     """A trainer mode's schedule of generation (see the module docstring).
 
     Args:
-        trainer: the trainer whose stages, prompts, weights and state the source uses.
+        rollouter: what the source uses: prompts, the generation stages, the servers, the trainer state.
     """
 
-    def __init__(self, trainer: RayPPOTrainer) -> None:
-        self.trainer = trainer
+    def __init__(self, rollouter: Rollouter) -> None:
+        self.rollouter = rollouter
 
     @abc.abstractmethod
     def next_batch(self, step: StepState) -> DataProto | None:
@@ -132,7 +168,7 @@ class RolloutSource(abc.ABC):
         if state:
             raise ValueError(
                 f"the checkpoint holds rollout-source state {sorted(state)} that trainer.v1.trainer_mode="
-                f"{trainer_mode(self.trainer.config)!r} cannot restore; resume it with the mode that wrote it"
+                f"{trainer_mode(self.rollouter.config)!r} cannot restore; resume it with the mode that wrote it"
             )
 
     def close(self) -> None:
@@ -146,10 +182,10 @@ class RolloutSource(abc.ABC):
             logger.warning(
                 "the data ran out during step %d after %d generation batches (%d of %d prompts kept): the step was "
                 "not trained",
-                self.trainer.state.global_steps,
+                self.rollouter.state.global_steps,
                 step.gen_batches,
                 step.kept_prompts,
-                self.trainer.config.data.train_batch_size,
+                self.rollouter.config.data.train_batch_size,
             )
 
 
@@ -207,13 +243,13 @@ def get_rollout_source_class(mode: str, schedule: str = FIXED_LAG) -> type[Rollo
     return _SOURCES[key]
 
 
-def refuse_own_rollout_filter(trainer: Any, schedule: str) -> None:
+def refuse_own_rollout_filter(rollouter: Rollouter, schedule: str) -> None:
     """A schedule whose replay buffer evicts DAPO's filtered groups itself cannot also apply a recipe's own rollout
     filter (``_create_rollout_filter``): refuse it by name rather than skip it."""
-    own = trainer.rollout_filter
+    own = rollouter.rollout_filter
     if own is not None and getattr(own, "func", None) is not accumulate_groups:
         raise ValueError(
-            f"{type(trainer).__qualname__}._create_rollout_filter gives a rollout filter of its own, which "
+            f"{rollouter.owner}._create_rollout_filter gives a rollout filter of its own, which "
             f"trainer.v1.sampler.schedule={schedule} does not apply (its buffer evicts DAPO's filtered groups "
             f"itself); use trainer.v1.sampler.schedule={FIXED_LAG}"
         )
@@ -226,27 +262,27 @@ class SyncRolloutSource(RolloutSource):
     step updates the actor, whose weight push wakes them; in a critic-warmup step they stay awake."""
 
     def next_batch(self, step: StepState) -> DataProto | None:
-        trainer = self.trainer
+        r = self.rollouter
         batch = self._assemble(step)
         if batch is None:
             self.data_ran_out(step)
-        elif trainer._updates_actor():
-            with trainer._stage("gen", step.timing):  # as veRL's: freeing the engines counts as generation
-                trainer.checkpoint_manager.sleep_replicas()
+        elif r.updates_actor():
+            with r.stage("gen", step.timing):  # as veRL's: freeing the engines counts as generation
+                r.sleep_replicas()
         return batch
 
     def _assemble(self, step: StepState) -> DataProto | None:
         """``fixed_lag``: generation batches of ``data.gen_batch_size`` prompts until the rollout filter (if any)
         has a full training batch."""
-        trainer = self.trainer
+        r = self.rollouter
         while True:
-            prompts = trainer.prompts.next()
+            prompts = r.prompts().next()
             if prompts is None:
                 return None
-            step.metrics.setdefault("training/epoch", trainer.state.epoch)
-            batch = trainer._rollout(prompts, step)
-            if trainer.rollout_filter is None:
+            step.metrics.setdefault("training/epoch", r.state.epoch)
+            batch = r.rollout(prompts, step)
+            if r.rollout_filter is None:
                 return batch
-            batch = trainer.rollout_filter(batch, step)
+            batch = r.rollout_filter(batch, step)
             if batch is not None:
                 return batch

@@ -56,7 +56,7 @@ from verl.trainer.ppo.rollout_source import RolloutSource, register_rollout_sour
 from verl.trainer.ppo.sample_queue import QueueClosed, QueuedGroup, SampleQueue
 
 if TYPE_CHECKING:
-    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.trainer.ppo.rollout_source import Rollouter
 
 __all__ = ["SeparateAsyncRolloutSource"]
 
@@ -91,18 +91,19 @@ class SeparateAsyncRolloutSource(RolloutSource):
     resident_servers = True
     separate_pool = True
 
-    def __init__(self, trainer: RayPPOTrainer) -> None:
-        super().__init__(trainer)
-        if trainer.rollout_filter is not None:
+    def __init__(self, rollouter: Rollouter) -> None:
+        super().__init__(rollouter)
+        r = rollouter
+        if r.rollout_filter is not None:
             raise ValueError(
                 "trainer.mode=separate_async takes whole training batches from its queue and has no rollout filter "
                 "yet (algorithm.filter_groups.enable / a recipe's _create_rollout_filter): use trainer.mode=sync or "
                 "colocate_async"
             )
-        settings = async_training_config(trainer.config)
+        settings = async_training_config(r.config)
         self.max_lag = settings.max_lag
         self.partial = settings.partial_rollout
-        self.batch_groups = int(trainer.config.data.train_batch_size)
+        self.batch_groups = int(r.config.data.train_batch_size)
         threshold = settings.staleness_threshold
         self.capacity = None if threshold is None else math.ceil((1 + threshold) * self.batch_groups)
         self.queue: SampleQueue | None = None  # made when the rollouter starts (after a resume)
@@ -124,13 +125,13 @@ class SeparateAsyncRolloutSource(RolloutSource):
 
     # ------------------------------------------------------------------ the trainer's side
     def next_batch(self, step: StepState) -> DataProto | None:
-        trainer = self.trainer
+        r = self.rollouter
         self._start()
         assert self.queue is not None
         self._step, self._step_start = step, time.perf_counter()
-        step.metrics["fully_async/count/current_param_version"] = trainer.state.weight_version
+        step.metrics["fully_async/count/current_param_version"] = r.state.weight_version
         waited = self.queue.take_wait_s
-        places = self._take(advance=trainer._updates_actor())  # with a push: the next batch trains after it
+        places = self._take(advance=r.updates_actor())  # with a push: the next batch trains after it
         if places is None:
             self.data_ran_out(step)
             return None
@@ -179,12 +180,12 @@ class SeparateAsyncRolloutSource(RolloutSource):
         """The trainer generates itself (validation): the rollouter pauses between two chunks and the servers load
         the trainer's newest weights; afterwards the rollouter goes on with the versions its places need."""
         if self._thread is None:  # before the first step: nothing generates, the servers hold the pushed version
-            self._load(self.trainer.state.weight_version, drop_older=False)
+            self._load(self.rollouter.state.weight_version, drop_older=False)
             yield
             return
         self._pause(-math.inf)
         try:
-            self._load(self.trainer.state.weight_version, drop_older=False)
+            self._load(self.rollouter.state.weight_version, drop_older=False)
             yield
         finally:
             self._resume()
@@ -193,10 +194,10 @@ class SeparateAsyncRolloutSource(RolloutSource):
     def _start(self) -> None:
         if self._thread is not None:
             return
-        trainer = self.trainer
-        self.queue = SampleQueue(self.batch_groups, self.max_lag, trainer.state.weight_version, self.capacity)
+        r = self.rollouter
+        self.queue = SampleQueue(self.batch_groups, self.max_lag, r.state.weight_version, self.capacity)
         self.queue.load_state_dict(self._loaded.get("queue", []))
-        steps_left = trainer.total_training_steps - trainer.state.global_steps + 1  # this step included
+        steps_left = r.total_training_steps - r.state.global_steps + 1  # this step included
         self._budget = max(0, steps_left * self.batch_groups - len(self.queue))  # exactly what the steps train
         if self.partial:
             self._loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="separate-weights")
@@ -236,10 +237,10 @@ class SeparateAsyncRolloutSource(RolloutSource):
             self._cv.notify_all()
 
     def _draw(self) -> Drawn | None:
-        prompts = self.trainer.prompts.next()
+        prompts = self.rollouter.prompts().next()
         if prompts is None:
             return None
-        self._drawn = Drawn(prompts, self._next_index, self.trainer.state.epoch)
+        self._drawn = Drawn(prompts, self._next_index, self.rollouter.state.epoch)
         self._next_index += 1
         return self._drawn
 
@@ -251,7 +252,7 @@ class SeparateAsyncRolloutSource(RolloutSource):
         self._load(max(places[0].version, self.queue.rollout_version) if self.partial else places[0].version)
         chunk = drawn.prompts.slice(drawn.done, drawn.done + len(places))
         step = StepState(metrics={"training/epoch": drawn.epoch})
-        batch = self.trainer._rollout(
+        batch = self.rollouter.rollout(
             chunk, step, epoch=drawn.epoch, seed_step=drawn.index + 1, first_prompt=drawn.done
         )
         groups = batch.split(len(batch) // len(places))
@@ -272,7 +273,7 @@ class SeparateAsyncRolloutSource(RolloutSource):
             held = self._engine_version
             if held == version or (self.partial and held is not None and version < held):
                 return
-            self.trainer.rollout_wg.apply_weights(version, drop_older)
+            self.rollouter.servers().apply_weights(version, drop_older)
             self._engine_version = version
 
     def _load_pushed(self, version: int) -> None:
@@ -321,7 +322,7 @@ class SeparateAsyncRolloutSource(RolloutSource):
         rollouter first generates the groups of every version older than the trainer's."""
         if self._thread is None:
             return dict(self._loaded)
-        self._pause(self.trainer.state.weight_version)
+        self._pause(self.rollouter.state.weight_version)
         try:
             assert self.queue is not None
             drawn = None if self._drawn is None else dataclasses.asdict(self._drawn)

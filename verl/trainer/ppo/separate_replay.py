@@ -39,7 +39,7 @@ from verl.trainer.ppo.dynamic_sampling import StepState
 from verl.trainer.ppo.rollout_source import register_rollout_source
 
 if TYPE_CHECKING:
-    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.trainer.ppo.rollout_source import Rollouter
 
 __all__ = ["SeparateReplaySource"]
 
@@ -51,9 +51,10 @@ class SeparateReplaySource(ColocateReplaySource):
 
     separate_pool = True
 
-    def __init__(self, trainer: RayPPOTrainer) -> None:
-        super().__init__(trainer)
-        config = trainer.config
+    def __init__(self, rollouter: Rollouter) -> None:
+        super().__init__(rollouter)
+        r = rollouter
+        config = r.config
         if async_training_config(config).partial_rollout:
             raise ValueError(
                 "async_training.partial_rollout=true with trainer.v1.sampler.schedule=replay_buffer in "
@@ -82,7 +83,7 @@ class SeparateReplaySource(ColocateReplaySource):
     def _load(self, version: int, drop_older: bool = True) -> None:
         with self._load_lock:
             if self._engine_version != version:
-                self.trainer.rollout_wg.apply_weights(version, drop_older)
+                self.rollouter.servers().apply_weights(version, drop_older)
                 self._engine_version = version
 
     def before_weights(self, step: StepState) -> None:
@@ -97,5 +98,5 @@ class SeparateReplaySource(ColocateReplaySource):
     def paused(self) -> Iterator[None]:
         """Validation: the generations in flight end, then the servers load the trainer's newest version."""
         self.wait_idle()
-        self._load(self.trainer.state.weight_version, drop_older=False)
+        self._load(self.rollouter.state.weight_version, drop_older=False)
         yield
