@@ -310,3 +310,28 @@ def test_registries_are_shared_through_both_paths():
         assert getattr(old, name) is getattr(new, name)
     assert old.ADV_ESTIMATOR_REGISTRY is new.ADV_ESTIMATOR_REGISTRY
     assert old.POLICY_LOSS_REGISTRY is new.POLICY_LOSS_REGISTRY
+
+
+def test_the_trainers_mixins_declare_every_attribute_they_read():
+    """Each class RayPPOTrainer is composed of reads only what it declares (an annotation or a method of its own or
+    of its bases): a helper never depends on an attribute of the trainer that nothing names."""
+    import ast
+    import inspect
+    import textwrap
+
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    undeclared = {}
+    for cls in RayPPOTrainer.__mro__[1:]:
+        if cls is object:
+            continue
+        known = {name for base in cls.__mro__ for name in (*vars(base), *getattr(base, "__annotations__", {}))}
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+        reads = {
+            node.attr
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+        }
+        if reads - known:
+            undeclared[cls.__qualname__] = sorted(reads - known)
+    assert not undeclared, undeclared

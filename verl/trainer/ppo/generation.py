@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,8 @@ class TrainerGeneration:
     config: Any
     async_rollout_manager: Any
     global_steps: int
+    reward_fn: Any
+    _compute_or_extract_reward: Callable[..., Any]  # the trainer's reward stage (ReMax's baseline scores with it)
 
     def _get_gen_batch(self, batch: DataProto) -> DataProto:
         """Pop the prompts' tensors and every non-tensor key the reward does not need (``data_source``,

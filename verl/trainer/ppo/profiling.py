@@ -15,6 +15,8 @@ class TrainerProfiling:
 
     config: Any
     global_steps: int
+    _profile_steps: set[int]  # set by _init_profiling
+    _profile_continuous: bool
 
     def _init_profiling(self) -> None:
         profiler = self.config.get("global_profiler") or {}
