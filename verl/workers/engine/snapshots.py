@@ -6,10 +6,10 @@ old-log-prob pass must run the weights the step started from (π_old), which the
 changed. The trainer keeps them as copy 0 before the first update, and around each later pass saves the current
 weights as copy n, restores copy 0, and restores copy n after (:class:`verl.trainer.ppo.step_policy.StepPolicy`).
 
-Each rank copies its own shards (an FSDP2 parameter's local tensor), so the copies cost one shard of the model per
-copy in host memory and no communication; buffers (rotary tables, norms' running stats) are not copied — training
-does not change them. Restoring writes into the parameters in place: the optimizer state and any parameter reference
-stay valid.
+Each rank copies its own shards (an FSDP2 parameter's local tensor) of the trainable parameters, so a copy costs one
+shard of those in host memory (with LoRA: the adapters alone) and no communication; frozen parameters and buffers
+(rotary tables, norms' running stats) are not copied — training does not change them. Restoring writes into the
+parameters in place: the optimizer state and any parameter reference stay valid.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ class ParameterSnapshots:
 
     def _parameters(self) -> Iterator[torch.Tensor]:
         for parameter in self.module.parameters():
-            yield _local(parameter.data)
+            if parameter.requires_grad:
+                yield _local(parameter.data)
 
     def save(self, n: int) -> None:
         """Copy the current parameters as copy ``n`` (replacing an older copy ``n``)."""
