@@ -15,9 +15,11 @@ arguments and return values, and the stages of our ``fit()`` are built on the sa
 ``_compute_old_log_prob`` → ``(DataProto, mfu)``, ``_compute_ref_log_prob`` / ``_compute_values`` /
 ``_update_critic`` / ``_update_actor`` → ``DataProto``, ``checkpoint_manager.update_weights()`` /
 ``sleep_replicas()``, ``_validate()``, ``_save_checkpoint()`` / ``_load_checkpoint()``, ``_start_profiling`` /
-``_stop_profiling``, ``_log_rollout_data`` and ``_dump_generations`` (``_get_gen_batch`` and the last three groups
-from the mixins ``TrainerGeneration``, ``TrainerCheckpointing``, ``TrainerProfiling`` and ``GenerationDumps``, each
-in the module of its concern).
+``_stop_profiling``, ``_log_rollout_data`` and ``_dump_generations`` (the stage helpers from ``TrainerStages``,
+``_get_gen_batch`` and the last three groups from ``TrainerGeneration``, ``TrainerCheckpointing``,
+``TrainerProfiling`` and ``GenerationDumps``, each in the module of its concern; each declares what it reads of the
+trainer). The worker groups are spawned by :func:`~verl.trainer.ppo.worker_setup.spawn_worker_groups`, the data
+loaders built by :func:`~verl.trainer.ppo.trainer_data.build_dataloaders`.
 """
 
 from __future__ import annotations
@@ -26,22 +28,20 @@ import contextlib
 import dataclasses
 import functools
 import logging
-from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from verl.experimental.dataset.sampler import AbstractCurriculumSampler
 from verl.protocol import DataProto
-from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup, create_colocated_worker_cls
+from verl.single_controller.ray import RayWorkerGroup
 from verl.single_controller.ray.base import WorkerDiedError
 from verl.single_controller.ray.health import placement, raise_if_workers_died
 from verl.trainer.config.derived import total_training_steps, uses_bypass_mode, with_derived_settings
 from verl.trainer.config.layout import resolve_layout, trainer_mode
-from verl.trainer.ppo.core_algos import AdvantageEstimator, compute_pf_ppo_reweight_data, get_kl_controller
+from verl.trainer.ppo.core_algos import AdvantageEstimator, get_kl_controller
 from verl.trainer.ppo.dynamic_sampling import StepState, accumulate_groups
 from verl.trainer.ppo.generation import TrainerGeneration
 from verl.trainer.ppo.metric_utils import (
@@ -54,10 +54,11 @@ from verl.trainer.ppo.metric_utils import (
 )
 from verl.trainer.ppo.on_policy import old_log_prob_in_update
 from verl.trainer.ppo.profiling import TrainerProfiling
-from verl.trainer.ppo.reward import compute_reward_with_metrics, load_reward_fns
-from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode, compute_rollout_correction_and_add_to_batch
+from verl.trainer.ppo.reward import load_reward_fns
+from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode
 from verl.trainer.ppo.rollout_manager import CheckpointManager, create_rollout_manager, start_rollout_servers
 from verl.trainer.ppo.rollout_source import PromptStream, Rollouter, RolloutFilter, get_rollout_source_class
+from verl.trainer.ppo.stages import TrainerStages
 from verl.trainer.ppo.step_policy import StepPolicy
 from verl.trainer.ppo.trainer_checkpoint import TrainerCheckpointing
 from verl.trainer.ppo.trainer_data import build_dataloaders
@@ -66,7 +67,6 @@ from verl.trainer.ppo.utils import (
     ResourcePoolManager,
     Role,
     apply_kl_penalty,
-    check_ref_worker,
     compute_advantage,
     compute_response_mask,
     need_critic,
@@ -75,6 +75,7 @@ from verl.trainer.ppo.utils import (
 from verl.trainer.ppo.v1.metrics import MetricsAggregator
 from verl.trainer.ppo.v1.trainer_base import TrainerHooks
 from verl.trainer.ppo.validation import GenerationDumps, ValidationSamples
+from verl.trainer.ppo.worker_setup import spawn_worker_groups
 from verl.utils.import_utils import import_external_libs
 from verl.utils.profiler import marked_timer
 from verl.utils.rollout_skip import RolloutSkip
@@ -97,7 +98,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-class RayPPOTrainer(TrainerHooks, TrainerGeneration, TrainerCheckpointing, TrainerProfiling, GenerationDumps):
+class RayPPOTrainer(
+    TrainerHooks, TrainerStages, TrainerGeneration, TrainerCheckpointing, TrainerProfiling, GenerationDumps
+):
     """The driver: owns the data, the reward function and the worker groups, and runs the training loop.
 
     Args:
@@ -233,32 +236,16 @@ class RayPPOTrainer(TrainerHooks, TrainerGeneration, TrainerCheckpointing, Train
         if "rollout_source" not in vars(self):  # a veRL-style subclass __init__ that did not call ours
             self._init_derived()
         resident, separate = self.rollout_source.resident_servers, self.rollout_source.separate_pool
-        if resident and not separate:  # each bundle hosts a training worker and its rollout server
-            self.resource_pool_manager.max_colocate_count = max(2, self.resource_pool_manager.max_colocate_count)
-        self.resource_pool_manager.create_resource_pool()
-        pool_classes: dict[Any, dict[str, RayClassWithInitArgs]] = defaultdict(dict)
-        arr_role = Role.ActorRolloutRef if Role.ActorRolloutRef in self.role_worker_mapping else Role.ActorRollout
-        check_ref_worker(self.role_worker_mapping, arr_role)
-        pool = self.resource_pool_manager.get_resource_pool(arr_role)
-        role_name = ("actor" if resident else "actor_rollout") + ("_ref" if self.use_reference_policy else "")
-        pool_classes[pool]["actor_rollout"] = RayClassWithInitArgs(
-            self.role_worker_mapping[arr_role], config=self.config.actor_rollout_ref, role=role_name
+        groups, arr_role = spawn_worker_groups(
+            self.resource_pool_manager,
+            self.role_worker_mapping,
+            self.config,
+            roles={"critic": self.use_critic, "rm": self.use_rm, "ref": self.use_reference_policy},
+            resident=resident,
+            separate=separate,
+            worker_group_cls=self.ray_worker_group_cls,
         )
-        if self.use_critic:
-            pool = self.resource_pool_manager.get_resource_pool(Role.Critic)
-            pool_classes[pool]["critic"] = RayClassWithInitArgs(
-                self.role_worker_mapping[Role.Critic], config=self.config.critic
-            )
-        if self.use_rm:
-            pool = self.resource_pool_manager.get_resource_pool(Role.RewardModel)
-            pool_classes[pool]["rm"] = RayClassWithInitArgs(
-                self.role_worker_mapping[Role.RewardModel], config=self.config.reward_model
-            )
-        groups: dict[str, RayWorkerGroup] = {}
-        for pool, class_dict in pool_classes.items():
-            fused = create_colocated_worker_cls(class_dict)
-            wg = self.ray_worker_group_cls(pool, fused, name_prefix=f"{pool.name_prefix}_")
-            groups.update(wg.spawn(class_dict.keys()))
+        pool = self.resource_pool_manager.get_resource_pool(arr_role)
         self.critic_wg = groups.get("critic")
         self.rm_wg = groups.get("rm")
         self.actor_rollout_wg = groups["actor_rollout"]
@@ -308,110 +295,6 @@ class RayPPOTrainer(TrainerHooks, TrainerGeneration, TrainerCheckpointing, Train
         if self.rollout_wg is not self.actor_rollout_wg:
             groups["rollout"] = self.rollout_wg
         return groups
-
-    # ------------------------------------------------------------------ stages
-    def _compute_or_extract_reward(
-        self, batch: DataProto, reward_fn: Any = None, return_dict: bool = False, sum_reward: bool = False
-    ) -> Any:
-        """veRL's helper: the reward of ``batch``, read from ``rm_scores`` when present (a reward model scored it),
-        else computed by ``reward_fn`` (default: the training reward function).
-
-        Returns ``{"reward_tensor", "reward_extra_info", "reward_metrics"}`` with ``return_dict``; else the summed
-        tensor (one score per sample) with ``sum_reward``, and ``(reward_tensor, reward_extra_infos_dict)``
-        without."""
-        if "rm_scores" in batch.batch.keys():
-            keys = batch.meta_info.get("reward_extra_keys", [])
-            tensor, extra, metrics = batch.batch["rm_scores"], {k: list(batch.non_tensor_batch[k]) for k in keys}, {}
-        else:
-            tensor, extra, metrics = compute_reward_with_metrics(batch, reward_fn or self.reward_fn)
-        if sum_reward:
-            tensor = tensor.sum(-1)
-        if return_dict:
-            return {"reward_tensor": tensor, "reward_extra_info": extra, "reward_metrics": metrics}
-        return tensor if sum_reward else (tensor, extra)
-
-    def _compute_reward(self, batch: DataProto) -> dict[str, Any]:
-        if self.use_rm:
-            batch = batch.union(self.rm_wg.compute_rm_score(batch))
-        result = self._compute_or_extract_reward(batch, self.reward_fn, return_dict=True)
-        batch.batch["token_level_scores"] = result["reward_tensor"]
-        extra = {key: values for key, values in result["reward_extra_info"].items() if len(values) == len(batch)}
-        for key, values in extra.items():
-            batch.non_tensor_batch[key] = np.asarray(values, dtype=object)
-        batch.meta_info["reward_extra_keys"] = list(extra)
-        return reduce_metrics(result["reward_metrics"])
-
-    def _balance_batch(self, batch: DataProto, metrics: dict[str, Any], logging_prefix: str = "global_seqlen") -> None:
-        """Reorder ``batch`` in place so each data-parallel rank gets a similar token total; adds
-        ``<logging_prefix>/*`` to ``metrics`` (veRL's helper)."""
-        _, balance_metrics = balance_batch(batch, self.actor_rollout_wg.world_size, prefix=logging_prefix)
-        metrics.update(balance_metrics)
-
-    def _compute_old_log_prob(self, batch: DataProto) -> tuple[DataProto, float]:
-        """The actor's ``old_log_probs`` and ``entropys`` of ``batch`` (metrics in ``meta_info["metrics"]``), and
-        the MFU — veRL's helper. MFU is not measured here: 0.0, as from veRL's legacy workers."""
-        return self.actor_rollout_wg.compute_log_prob(batch), 0.0
-
-    def _old_log_prob_stage(self, batch: DataProto) -> dict[str, Any]:
-        """``old_log_probs`` into the batch; then, with ``algorithm.rollout_correction.rollout_is`` / ``rollout_rs``,
-        the IS weights and the rejection mask against the rollout engine's log-probs."""
-        out, _ = self._compute_old_log_prob(batch)
-        metrics = reduce_metrics(out.meta_info.pop("metrics", {}))
-        out.pop(batch_keys=[k for k in ("entropys",) if k in out.batch.keys()])
-        batch.union(out)
-        if self.rollout_correction:
-            _, correction_metrics = compute_rollout_correction_and_add_to_batch(
-                batch, self.config.algorithm.rollout_correction
-            )
-            metrics.update(correction_metrics)
-        return metrics
-
-    def _compute_ref_log_prob(self, batch: DataProto) -> DataProto:
-        """``ref_log_prob`` of ``batch`` from the reference policy (veRL's helper)."""
-        return self.ref_policy_wg.compute_ref_log_prob(batch)
-
-    def _compute_values(self, batch: DataProto) -> DataProto:
-        """The critic's ``values`` of ``batch`` (veRL's helper)."""
-        return self.critic_wg.compute_values(batch)
-
-    def _compute_advantage(self, batch: DataProto) -> dict[str, Any]:
-        algo = self.config.algorithm
-        metrics: dict[str, Any] = {}
-        if self.kl_ctrl_in_reward is not None:
-            batch, metrics = apply_kl_penalty(batch, self.kl_ctrl_in_reward, algo.kl_penalty)
-        else:
-            batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
-        compute_advantage(
-            batch,
-            algo.adv_estimator,
-            gamma=algo.gamma,
-            lam=algo.lam,
-            num_repeat=self.config.actor_rollout_ref.rollout.n,
-            norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
-            config=algo,
-        )
-        return metrics
-
-    def _pf_ppo_resample(self, batch: DataProto) -> DataProto:
-        """PF-PPO: the batch resampled with replacement, weighted by score (``algorithm.pf_ppo``); the draw is
-        seeded by ``data.seed`` and the step, so a resumed run draws the same rows."""
-        pf = self.config.algorithm.pf_ppo
-        seed = int(self.config.data.get("seed") or 1) * 1_000_003 + self.global_steps
-        generator = torch.Generator().manual_seed(seed)
-        return compute_pf_ppo_reweight_data(batch, pf.reweight_method, pf.weight_pow, generator=generator)
-
-    def _update_critic(self, batch: DataProto) -> DataProto:
-        """One critic update on ``batch``; its metrics are in ``meta_info["metrics"]`` (veRL's helper)."""
-        return self.critic_wg.update_critic(batch)
-
-    def _update_actor(self, batch: DataProto) -> DataProto:
-        """One actor update on ``batch``; its metrics are in ``meta_info["metrics"]`` (veRL's helper)."""
-        batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
-        return self.actor_rollout_wg.update_actor(batch)
-
-    def _updates_actor(self) -> bool:
-        """Whether this step updates the actor (and pushes its weights): from step ``trainer.critic_warmup`` on."""
-        return self.config.trainer.critic_warmup <= self.global_steps
 
     def _validate(self) -> dict[str, float]:
         """Generate ``val_kwargs.n`` responses per validation prompt with ``val_kwargs`` sampling, score them with

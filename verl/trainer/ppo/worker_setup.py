@@ -1,0 +1,49 @@
+"""The trainer's worker groups: the resource pools, and one fused worker per bundle for the roles of each pool."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup, create_colocated_worker_cls
+from verl.trainer.ppo.utils import Role, check_ref_worker
+
+__all__ = ["spawn_worker_groups"]
+
+
+def spawn_worker_groups(
+    resource_pool_manager: Any,
+    role_worker_mapping: dict[Role, Any],
+    config: Any,
+    *,
+    roles: dict[str, bool],
+    resident: bool,
+    separate: bool,
+    worker_group_cls: type = RayWorkerGroup,
+) -> tuple[dict[str, RayWorkerGroup], Role]:
+    """Create the pools and spawn the groups (models not built yet): ``actor_rollout`` (role ``actor_rollout`` /
+    ``actor``, ``_ref`` when ``roles["ref"]``: the reference policy runs in the actor's workers), and ``critic`` /
+    ``rm`` when ``roles`` says they run. ``resident``: the rollout engines are servers of their own (the training
+    workers are role ``actor``), beside them on each bundle unless ``separate`` (a pool of their own). Returns the
+    groups by name and the actor's :class:`Role`."""
+    if resident and not separate:  # each bundle hosts a training worker and its rollout server
+        resource_pool_manager.max_colocate_count = max(2, resource_pool_manager.max_colocate_count)
+    resource_pool_manager.create_resource_pool()
+    pool_classes: dict[Any, dict[str, RayClassWithInitArgs]] = defaultdict(dict)
+    arr_role = Role.ActorRolloutRef if Role.ActorRolloutRef in role_worker_mapping else Role.ActorRollout
+    check_ref_worker(role_worker_mapping, arr_role)
+    pool = resource_pool_manager.get_resource_pool(arr_role)
+    role_name = ("actor" if resident else "actor_rollout") + ("_ref" if roles.get("ref") else "")
+    pool_classes[pool]["actor_rollout"] = RayClassWithInitArgs(
+        role_worker_mapping[arr_role], config=config.actor_rollout_ref, role=role_name
+    )
+    for name, role, section in (("critic", Role.Critic, "critic"), ("rm", Role.RewardModel, "reward_model")):
+        if roles.get(name):
+            pool = resource_pool_manager.get_resource_pool(role)
+            pool_classes[pool][name] = RayClassWithInitArgs(role_worker_mapping[role], config=config[section])
+    groups: dict[str, RayWorkerGroup] = {}
+    for pool, class_dict in pool_classes.items():
+        fused = create_colocated_worker_cls(class_dict)
+        wg = worker_group_cls(pool, fused, name_prefix=f"{pool.name_prefix}_")
+        groups.update(wg.spawn(class_dict.keys()))
+    return groups, arr_role
