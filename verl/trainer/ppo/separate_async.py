@@ -97,8 +97,9 @@ class SeparateAsyncRolloutSource(RolloutSource):
         if r.rollout_filter is not None:
             raise ValueError(
                 "trainer.mode=separate_async takes whole training batches from its queue and has no rollout filter "
-                "yet (algorithm.filter_groups.enable / a recipe's _create_rollout_filter): use trainer.mode=sync or "
-                "colocate_async"
+                "under the fixed lag (algorithm.filter_groups.enable / a recipe's _create_rollout_filter): for DAPO, "
+                "set trainer.v1.sampler.schedule=replay_buffer (its buffer evicts and refills the flat groups), or use "
+                "trainer.mode=sync or colocate_async"
             )
         settings = async_training_config(r.config)
         self.max_lag = settings.max_lag
