@@ -160,6 +160,8 @@ def test_separate_async_accepts_verls_separate_pool_keys_and_pushes_over_gloo(ca
     verl_style = [*SEPARATE, "actor_rollout_ref.hybrid_engine=false", "rollout.nnodes=1", "rollout.n_gpus_per_node=2"]
     validate_config(merged(verl_style))
     validate_config(merged([*verl_style, "async_training.partial_rollout=true"]))
+    dapo = ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=seq_reward"]
+    validate_config(merged([*verl_style, *dapo, "trainer.v1.sampler.schedule=replay_buffer"]))  # the buffer filters
     with caplog.at_level(logging.WARNING, logger="verl.trainer.config"):
         validate_config(merged([*verl_style, "async_training.partial_rollout=true", "async_training.max_lag=0"]))
     assert "partial_rollout=true: no effect at async_training.max_lag=0" in caplog.text

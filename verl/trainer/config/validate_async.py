@@ -50,10 +50,13 @@ def check_async_training(config: Any, mode: str, problems: list[str]) -> None:
             "reward.reward_model.enable_resource_pool=true (with reward.reward_model.n_gpus_per_node / nnodes)"
         )
     _separate_pool(config, mode, problems)
-    if mode == "separate_async" and (config.algorithm.get("filter_groups") or {}).get("enable", False):
+    fixed_lag = config.trainer.v1.sampler.get("schedule", "fixed_lag") == "fixed_lag"
+    if mode == "separate_async" and fixed_lag and (config.algorithm.get("filter_groups") or {}).get("enable", False):
         problems.append(
-            "algorithm.filter_groups.enable=true with trainer.v1.trainer_mode=separate_async: the trainer takes whole "
-            "training batches from the sample queue, with no rollout filter yet; use the sync or colocate_async mode"
+            "algorithm.filter_groups.enable=true with trainer.v1.trainer_mode=separate_async under the fixed lag: the "
+            "trainer takes whole training batches from the sample queue, with no rollout filter; set "
+            "trainer.v1.sampler.schedule=replay_buffer (its buffer evicts and refills the flat groups) or use the sync "
+            "or colocate_async mode"
         )
     if mode == "colocate_async" and settings.staleness_threshold is not None:
         logger.warning(
