@@ -4,6 +4,8 @@ thread instead of generating, recording prompts, weight version and seed), with 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -163,3 +165,45 @@ def train_steps(trainer: AheadTrainer, source, steps: int) -> list[list[str]]:
         source.before_weights(step)
         trainer.state.weight_version += 1
     return out
+
+
+class ServersRecorder:
+    """Stands in for the rollout pool's worker group (no Ray here): records which staged version each load asks."""
+
+    def __init__(self) -> None:
+        self.loads: list[int] = []
+
+    def apply_weights(self, version: int, drop_older: bool = True) -> list[int]:
+        self.loads.append(version)
+        return [version]
+
+
+def test_separate_async_streams_mini_batches_from_the_buffer_dapo_refills_included():
+    """separate_async's replay-buffer source: a step is handed out in parameter_sync_step parts of ppo_mini_batch_size
+    groups; DAPO's flat groups are evicted and refilled one for one; each generation first loads the version its
+    dispatch was made under."""
+    trainer = AheadTrainer(max_lag=1, total_steps=2, filter_groups=True, epochs=4)
+    trainer.config.actor_rollout_ref.actor = {"ppo_mini_batch_size": 2}
+    trainer.config.trainer.v1.sampler.schedule = "replay_buffer"
+    trainer.rollout_wg = ServersRecorder()
+    source = get_rollout_source_class("separate_async", "replay_buffer")(trainer.rollouter())
+    assert source.parts_per_step == 2 and source.part_size == 2 and source.keeps_failed_samples
+    evicted = 0
+    for _ in range(2):
+        trainer.state.global_steps += 1
+        step = StepState(metrics={})
+        parts = []
+        for _ in range(source.parts_per_step):  # as the trainer's _train_parts: each part its own metrics
+            part = dataclasses.replace(step, metrics={})
+            parts.append(source.next_batch(part))
+            evicted += part.metrics.get("training/filter_groups/evicted_samples", 0)
+        assert [len({str(u) for u in part.non_tensor_batch["uid"]}) for part in parts] == [2, 2]
+        assert all(int(u) % 2 for part in parts for u in part.non_tensor_batch["uid"])  # only informative groups
+        source.before_weights(step)
+        trainer.state.weight_version += 1
+        source.on_weights(trainer.state.weight_version)
+    sizes = [len(prompts) for prompts, _, _ in trainer.generated]
+    assert sizes[:2] == [4, 4] and sum(sizes[2:]) == evicted > 0  # step 1 and its warm-up, then one-for-one refills
+    versions = [version for _, version, _ in trainer.generated]
+    assert trainer.rollout_wg.loads == sorted(set(versions))  # each version loaded once, before its first generation
+    source.close()
