@@ -422,6 +422,23 @@ def test_failed_samples_are_kept_when_asked_and_a_loop_that_always_fails_stops(h
         manager.generate_sequences(everywhere)
 
 
+def test_replicas_taken_out_of_the_routing_get_no_request_and_come_back(hybrid, assets):
+    """The routing calls that lend the training workers' engines to generation: a removed replica is sent nothing
+    (and removing every one is refused), an added one serves again, nothing is left in flight after a batch."""
+    config, wg, _ = hybrid
+    manager = AgentLoopManager(config, wg, tokenizer=hf_tokenizer(assets.model_path))  # its own counts
+    handles = manager.replica_handles(wg)
+    manager.remove_servers(handles[1:])
+    manager.generate_sequences(prompt_batch(assets))
+    assert manager.served_by(handles[1:]) == 0 and manager.served_by(handles[:1]) == ROWS
+    with pytest.raises(ValueError, match="would leave no replica to route to"):
+        manager.remove_servers(handles)
+    manager.add_servers(handles[1:])
+    manager.generate_sequences(prompt_batch(assets))
+    assert manager.served_by(handles[1:]) > 0 and manager.served_by(handles) == 2 * ROWS
+    manager.wait_drained(handles, timeout_s=5)  # the batches are done: nothing in flight
+
+
 # ---------------------------------------------------------------------------------------------- main_ppo
 @cli_run("user_agent_loops", cost_s=45)
 def _user_agent_loops(work: Path) -> Prepared:

@@ -91,6 +91,10 @@ class InProcessAgentLoopWorker:
         """``worker.generate_sequences(batch)``, awaited on the agent loops' event loop."""
         return asyncio.run_coroutine_threadsafe(self.worker.generate_sequences(batch), self._loop).result()
 
+    def routing(self, call: str, handles: list[Any]) -> Any:
+        """``worker.routing(call, handles)`` on the agent loops' event loop."""
+        return asyncio.run_coroutine_threadsafe(self.worker.routing(call, handles), self._loop).result()
+
 
 class AgentLoopManager:
     """Generation through the agent loops (see the module docstring).
@@ -141,11 +145,7 @@ class AgentLoopManager:
             handles = getattr(llm_client, "server_handles", None)
             self.server_handles = list(handles()) if callable(handles) else []
         else:
-            prefix = getattr(worker_group, "method_prefix", "")
-            self.server_handles = [
-                ServerHandle(actor, prefix, f"{worker_group.name_prefix} rank {rank}")
-                for rank, actor in enumerate(worker_group.workers)
-            ]
+            self.server_handles = self.replica_handles(worker_group)
         if not hasattr(self, "agent_loop_workers_class"):  # a recipe's subclass may set its own
             self.agent_loop_workers_class = AgentLoopWorker
         self._init_agent_loop_workers(reward_fn, val_reward_fn)
@@ -279,6 +279,47 @@ class AgentLoopManager:
             raise WorkerDiedError(
                 f"{where}: {names} died while running 'generate' (a rollout server of the agent loops): {error}"
             ) from error
+
+    # ------------------------------------------------------------------ replicas lent to generation
+    def add_servers(self, handles: list[Any]) -> None:
+        """Every agent-loop worker routes new requests to ``handles`` too (veRL's load-balancer call: the training
+        workers' engines lent to generation while the trainer would wait)."""
+        self._routing("add_servers", handles)
+
+    def remove_servers(self, handles: list[Any]) -> None:
+        """No agent-loop worker sends ``handles`` a new request; what they serve finishes (:meth:`wait_drained`)."""
+        self._routing("remove_servers", handles)
+
+    def wait_drained(self, handles: list[Any], timeout_s: float = 600.0, poll_s: float = 0.02) -> None:
+        """Return once no agent-loop worker has a request in flight on ``handles`` (after :meth:`remove_servers`);
+        TimeoutError after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while (left := sum(self._routing("in_flight_on", handles))) > 0:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{left} request(s) still in flight on {handles} after {timeout_s} s")
+            time.sleep(poll_s)
+
+    def served_by(self, handles: list[Any]) -> int:
+        """Requests the agent-loop workers have sent to ``handles`` so far."""
+        return sum(self._routing("served_by", handles))
+
+    def _routing(self, call: str, handles: list[Any]) -> list[Any]:
+        if self.llm_client is not None:
+            raise NotImplementedError(
+                f"AgentLoopManager.{call}: built from an llm_client, whose servers it does not route"
+            )
+        workers = self.agent_loop_workers
+        if isinstance(workers[0], InProcessAgentLoopWorker):
+            return [worker.routing(call, handles) for worker in workers]
+        return ray.get([worker.routing.remote(call, handles) for worker in workers])
+
+    def replica_handles(self, worker_group: Any) -> list[ServerHandle]:
+        """The server handles of ``worker_group``'s engines (one per worker), named by the group and rank."""
+        prefix = getattr(worker_group, "method_prefix", "")
+        return [
+            ServerHandle(actor, prefix, f"{worker_group.name_prefix} rank {rank}")
+            for rank, actor in enumerate(worker_group.workers)
+        ]
 
     # ------------------------------------------------------------------ memory
     def wake_up(self) -> None:

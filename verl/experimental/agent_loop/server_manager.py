@@ -13,6 +13,11 @@
   ``generate_wave(requests)``, which submits them together, in the order the loops asked — the same engine batch
   on every run, whatever the timing — and streams each output back as it finishes (a Ray streaming generator: one
   call instead of one per request).
+- **Replicas come and go** (:meth:`AsyncLLMServerManager.add_servers` / :meth:`~AsyncLLMServerManager.remove_servers`,
+  veRL's load-balancer calls, used to lend the training workers' engines to generation): a removed replica gets no
+  new request (a conversation pinned to it goes on elsewhere at its next turn, its turn count and so its seeds
+  kept); what it is serving finishes there (:meth:`~AsyncLLMServerManager.in_flight_on`). ``served`` counts the
+  requests each replica was sent.
 - **Weight versions per sample**: inside :func:`record_token_versions` (the agent-loop worker opens one per sample),
   the weight version of every token the sample's ``generate`` calls return is recorded, in order, whatever the
   agent loop does with the outputs.
@@ -56,6 +61,13 @@ def note_token_versions(output: TokenOutput) -> None:
         last = output.extra_fields.get("global_steps")
         versions = [] if last is None else [int(last)] * len(output.token_ids)
     recorder.extend(versions)
+
+
+def _handle_key(handle: Any) -> Any:
+    """What identifies a replica's handle, also across processes (a Ray actor's id)."""
+    actor = getattr(handle, "actor", handle)
+    actor_id = getattr(actor, "_actor_id", None)
+    return (actor_id, getattr(handle, "prefix", "")) if actor_id is not None else id(handle)
 
 
 class ServerHandle:
@@ -106,6 +118,8 @@ class AsyncLLMServerManager:
         self.server_handles = list(server_handles)
         self.max_cache_size = max_cache_size
         self.outstanding = [0] * len(self.server_handles)
+        self.served = [0] * len(self.server_handles)  # requests sent to each replica
+        self._removed: set[int] = set()  # replicas out of the routing (remove_servers)
         self._sticky: collections.OrderedDict[str, tuple[int, int]] = collections.OrderedDict()  # id → server, turns
         self._in_flight: dict[str, str] = {}  # conversation id → its server-side id in flight
         self._parked: list[tuple[int, dict[str, Any], asyncio.Future]] | None = None  # inside wave()
@@ -152,10 +166,10 @@ class AsyncLLMServerManager:
 
     def _choose_server(self, request_id: str) -> tuple[int, int]:
         """(replica index, turn number) for the next turn of conversation ``request_id``."""
-        if request_id in self._sticky:
-            server, turns = self._sticky.pop(request_id)
-        else:
-            server, turns = min(range(len(self.outstanding)), key=self.outstanding.__getitem__), 0
+        server, turns = self._sticky.pop(request_id, (None, 0))
+        if server is None or server in self._removed:
+            active = [i for i in range(len(self.outstanding)) if i not in self._removed]
+            server = min(active, key=self.outstanding.__getitem__)
         self._sticky[request_id] = (server, turns + 1)
         while len(self._sticky) > self.max_cache_size:
             self._sticky.popitem(last=False)
@@ -179,6 +193,7 @@ class AsyncLLMServerManager:
             params["seed"] = sample_seed(int(params["seed"]), turn, 0, 0)
         server_id = f"{request_id}/{turn}"
         self.outstanding[server] += 1
+        self.served[server] += 1
         self._in_flight[request_id] = server_id
         try:
             handle = self.server_handles[server]
@@ -202,6 +217,37 @@ class AsyncLLMServerManager:
             self.outstanding[server] -= 1
             if self._in_flight.get(request_id) == server_id:
                 del self._in_flight[request_id]
+
+    # ------------------------------------------------------------------ replicas that come and go
+    def _index(self, handle: Any) -> int | None:
+        key = _handle_key(handle)
+        return next((i for i, h in enumerate(self.server_handles) if _handle_key(h) == key), None)
+
+    def add_servers(self, handles: Iterable[Any]) -> None:
+        """Route new requests to ``handles`` too (a replica removed earlier comes back at its place)."""
+        for handle in handles:
+            index = self._index(handle)
+            if index is None:
+                self.server_handles.append(handle)
+                self.outstanding.append(0)
+                self.served.append(0)
+            else:
+                self._removed.discard(index)
+
+    def remove_servers(self, handles: Iterable[Any]) -> None:
+        """Route no new request to ``handles``; their requests in flight finish there."""
+        indices = {i for i in map(self._index, handles) if i is not None}
+        if len(self._removed | indices) == len(self.server_handles):
+            raise ValueError("AsyncLLMServerManager.remove_servers: that would leave no replica to route to")
+        self._removed |= indices
+
+    def in_flight_on(self, handles: Iterable[Any]) -> int:
+        """Requests this manager has in flight on ``handles``."""
+        return sum(self.outstanding[i] for i in map(self._index, handles) if i is not None)
+
+    def served_by(self, handles: Iterable[Any]) -> int:
+        """Requests this manager sent to ``handles`` so far."""
+        return sum(self.served[i] for i in map(self._index, handles) if i is not None)
 
     def server_of(self, request_id: str) -> int | None:
         """The replica a conversation is pinned to (None: unknown or evicted)."""

@@ -50,6 +50,8 @@ __all__ = ["AgentLoopWorker", "AgentLoopWorkerBase"]
 
 logger = logging.getLogger(__name__)
 
+ROUTING_CALLS = ("add_servers", "remove_servers", "in_flight_on", "served_by")
+
 
 def _dataset_class(data_config: Any) -> type:
     from verl.utils.dataset.rl_dataset import RLHFDataset, _load_class
@@ -106,6 +108,19 @@ class AgentLoopWorkerBase:
         )
         if trace.token2text and getattr(self.server_manager, "tokenizer", None) is None:
             self.server_manager.tokenizer = self.tokenizer  # the traced generate calls decode their ids with it
+
+    async def routing(self, call: str, handles: list[Any]) -> Any:
+        """Run the server manager's ``add_servers`` / ``remove_servers`` / ``in_flight_on`` / ``served_by`` on this
+        worker's event loop (the replicas of the lent training workers come and go between batches)."""
+        if call not in ROUTING_CALLS:
+            raise ValueError(f"routing call {call!r}; use one of {ROUTING_CALLS}")
+        method = getattr(self.server_manager, call, None)
+        if method is None:
+            raise NotImplementedError(
+                f"{type(self.server_manager).__qualname__} cannot {call}: lending replicas needs the built-in "
+                "AsyncLLMServerManager"
+            )
+        return method(handles)
 
     def _loop_factory(self, agent_name: str) -> Any:
         """Builds agent ``agent_name``'s loop from its registry entry — what ``hydra.utils.instantiate`` does, with
