@@ -340,18 +340,18 @@ DESCRIPTIONS |= {
     "model_engine": "Training engine of the roles: `dp` (FSDP). `megatron` is not built yet (refused).",
     "distillation.enabled": "On-policy distillation from teacher models (not built yet: `true` is refused).",
 }
-for _key in (
-    "trainer.v1.separate_async.hybrid_rollout.enable_switch",
-    "trainer.v1.separate_async.hybrid_rollout.switch_threshold_ratio",
-    "trainer.v1.separate_async.hybrid_rollout.switch_threshold_step_up",
-    "trainer.v1.separate_async.hybrid_rollout.switch_threshold_step_down",
-    "trainer.v1.separate_async.hybrid_rollout.switch_threshold_release_steps",
-    "trainer.v1.separate_async.hybrid_rollout.switch_cost_window_size",
-):
-    DESCRIPTIONS[_key] = (
-        "V1 trainer: lending idle trainer devices to generation between steps (not built: `enable_switch=true` is "
-        "refused; the other keys tune it and only warn when set)."
-    )
+_SWITCH = "trainer.v1.separate_async.hybrid_rollout"
+DESCRIPTIONS |= {
+    f"{_SWITCH}.enable_switch": "separate_async under `schedule=replay_buffer`: lend the training workers' engines to "
+    "generation after a push while groups are missing, take them back once the threshold is sampleable.",
+    f"{_SWITCH}.switch_threshold_ratio": "Share of `train_batch_size` that must be sampleable before the engines are "
+    "taken back (at least one mini-batch); in (0, 1].",
+    f"{_SWITCH}.adaptive_switch_threshold": "Move the ratio with the trainer's idle and calm steps.",
+    f"{_SWITCH}.switch_threshold_step_up": "Rise of the ratio after `switch_threshold_release_steps` idle steps.",
+    f"{_SWITCH}.switch_threshold_step_down": "Fall of the ratio after as many calm steps (not below one mini-batch).",
+    f"{_SWITCH}.switch_threshold_release_steps": "Idle or calm steps in a row before the ratio moves.",
+    f"{_SWITCH}.switch_cost_window_size": "Switches averaged for the switch's cost, weighed against the saving.",
+}
 DESCRIPTIONS["trainer.v1.sampler.sync_refill_failed_groups"] = (
     "Sync mode, `schedule=replay_buffer`: a prompt group whose samples all failed in their agent loops is replaced "
     "by a new prompt (default: it trains as padding samples). The async modes' buffers always evict and refill a "

@@ -215,6 +215,7 @@ def trainer_v1() -> dict[str, Any]:
             "hybrid_rollout": {
                 "enable_switch": False,
                 "switch_threshold_ratio": 0.4,
+                "adaptive_switch_threshold": True,
                 "switch_threshold_step_up": 0.05,
                 "switch_threshold_step_down": 0.03,
                 "switch_threshold_release_steps": 2,

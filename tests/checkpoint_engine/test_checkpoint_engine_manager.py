@@ -190,8 +190,8 @@ class RecordingGroup:
         self.name_prefix = "recording"
         self.staged, self.calls = staged, []
 
-    def update_weights(self, version=None):
-        self.calls.append(("update_weights", version))
+    def update_weights(self, version=None, to=None):
+        self.calls.append(("update_weights", version) if to is None else ("update_weights", version, to))
         return [
             {"weight_sync/bytes": 10.0 * (rank + 1), "weight_sync/tensors": 4.0} for rank in range(len(self.workers))
         ]
@@ -223,7 +223,8 @@ def test_servers_of_their_own_pool_stage_the_push_then_load_it(ray_cluster):
     replicas = [ServerReplica(rank, servers) for rank in range(2)]
     ckpt = CheckpointEngineManager({"backend": "gloo"}, actor, replicas)
     assert ckpt.update_weights(global_steps=8) == {"weight_sync/bytes": 15.0, "weight_sync/tensors": 4.0}
-    assert servers.calls == [("receive_weights",), ("apply_weights", 8)] and actor.calls == [("update_weights", 8)]
+    assert servers.calls == [("receive_weights",), ("apply_weights", 8)]
+    assert actor.calls == [("update_weights", 8, "servers")]  # to the staging servers, not an engine of its own
     with pytest.raises(ValueError, match=r"servers that stage pushes \(backend 'gloo'\) load them by version"):
         ckpt.update_weights()
     CheckpointEngineManager({"backend": "shm"}, actor, replicas).update_weights(global_steps=9)

@@ -22,7 +22,8 @@ All runs train PPO with a critic (GAE) and a KL loss (the reference policy runs 
 - ``separate_lora``: as ``separate_lag1`` with a LoRA actor (``model.lora_rank=8``): adapter-only pushes.
 - ``separate_buffer``: as ``separate_lag1`` under veRL 0.10's semantics (``trainer.v1.sampler.schedule=
   replay_buffer``): 16 prompts per step streamed in 2 mini-batches of 8 (``parameter_sync_step=2``), every push
-  verified; ``separate_buffer_resumed`` from its step-1 checkpoint.
+  verified; ``separate_buffer_resumed`` from its step-1 checkpoint. ``separate_switch``: the same with veRL's hybrid
+  switch (``hybrid_rollout.enable_switch``), no batch ahead and slow servers (one request at a time, 32 tokens).
 """
 
 from __future__ import annotations
@@ -168,6 +169,19 @@ def _separate_killed(work: Path) -> Prepared:
 @cli_run("separate_buffer", cost_s=65)
 def _separate_buffer(work: Path) -> Prepared:
     return [*BUFFER, *dumped(work)], VERIFIED
+
+
+@cli_run("separate_switch", cost_s=70)
+def _separate_switch(work: Path) -> Prepared:
+    """veRL's hybrid switch: no batch ahead and slow servers, so the trainer would wait; its engine is lent."""
+    switch = [
+        "trainer.v1.separate_async.hybrid_rollout.enable_switch=true",
+        "trainer.v1.separate_async.num_warmup_batches=0",
+        "data.max_response_length=32",
+        "actor_rollout_ref.rollout.ignore_eos=true",
+        "actor_rollout_ref.rollout.max_num_seqs=1",
+    ]
+    return [*BUFFER, *switch], VERIFIED
 
 
 @cli_run("separate_lag1_again", cost_s=70)

@@ -120,6 +120,21 @@ def test_veRLs_schedule_streams_two_mini_batches_per_push_on_the_steps_pi_old(as
     assert_same_steps(resumed, without_async_only(steps(run.records)))
 
 
+@needs("separate_switch")
+def test_the_hybrid_switch_lends_the_training_workers_engine_while_the_trainer_would_wait(async_runs):
+    """hybrid_rollout.enable_switch: after each push but the last the trainer's engine is lent to generation (it
+    gets the pushed weights, verified), serves requests of the next step's batch, and is taken back before it trains."""
+    records = logged(async_runs["separate_switch"].records)
+    assert [d["async/weight_version"] for d in records] == [0, 1, 2]
+    assert [d["separate_async/decision/should_switch_to_rollout"] for d in records] == [1, 1, 0]  # not after the last
+    lent = [d.get("separate_async/switch/lent_requests") for d in records]
+    assert lent[0] is None and all(n > 0 for n in lent[1:])  # steps 2, 3: generated partly on the trainer's engine
+    for data in records[1:]:
+        assert data["timing_s/switch_to_trainer"] > 0 and data["timing_s/switch_wait"] > 0
+        assert data["separate_async/decision/per_sample_time_seconds"] > 0
+    assert all(d["training/parameter_sync_step"] == 2 for d in records)
+
+
 @needs("separate_partial", "sync")
 def test_partial_rollout_across_two_nodes_keeps_the_bound_and_the_accounting(async_runs):
     run = async_runs["separate_partial"]

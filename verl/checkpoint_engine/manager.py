@@ -61,7 +61,7 @@ def push_weights(actor_wg: Any, version: int | None, receivers: Any = None) -> d
         import ray
 
         received = receivers.execute_all_async("receive_weights")  # each server stages the push
-        stats = actor_wg.update_weights(version=version)  # a failure here ends the run
+        stats = actor_wg.update_weights(version=version, to="servers")  # a failure here ends the run
         versions = ray.get(received)
         if versions != [version] * len(versions):
             raise RuntimeError(f"weight push {version}: the rollout servers staged versions {versions}")

@@ -161,10 +161,18 @@ def load_processing_class(path: str, trust_remote_code: bool = False) -> tuple[A
 
 
 def build_rollout(
-    rollout_config: Any, model_path: str, *, device: str, lora: Any = None, verify_weight_sync: bool = False
+    rollout_config: Any,
+    model_path: str,
+    *,
+    device: str,
+    lora: Any = None,
+    verify_weight_sync: bool = False,
+    in_process: bool = False,
 ) -> tuple[Any, Any]:
     """``(rollout engine, weight-sync engine)`` of ``rollout.name``; the rollout holds no weights until the first
-    push. Without verification vLLM may pre-pack its CPU weights (faster; they can no longer be read back)."""
+    push. Without verification vLLM may pre-pack its CPU weights (faster; they can no longer be read back).
+    ``in_process``: the pushes come from the actor in this process, so a backend between processes (``gloo``,
+    ``nccl``, ``shm``: the run's pushes to rollout servers) gives way to ``naive`` for this engine."""
     from verl.checkpoint_engine import get_checkpoint_engine
     from verl.workers.rollout import get_rollout_class
 
@@ -174,7 +182,13 @@ def build_rollout(
     rollout = get_rollout_class(rollout_config.name)(
         config=rollout_config, model_path=model_path, device=device, **options
     )
-    return rollout, get_checkpoint_engine(rollout_config.checkpoint_engine, dtype=rollout_config.dtype)
+    engine_config = rollout_config.checkpoint_engine
+    if in_process and engine_config.backend in ("gloo", "nccl", "shm"):
+        engine_config = {
+            "backend": "naive",
+            "update_weights_bucket_megabytes": engine_config.update_weights_bucket_megabytes,
+        }
+    return rollout, get_checkpoint_engine(engine_config, dtype=rollout_config.dtype)
 
 
 class LegacyWorkerAPI:
@@ -253,6 +267,7 @@ class LegacyWorkerAPI:
             device=get_device_name(),
             lora=self.lora,
             verify_weight_sync=self.verify_weight_sync,
+            in_process=self._is_actor,
         )
         if self._is_actor:
             self.update_weights(version=0)

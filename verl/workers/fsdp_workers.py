@@ -293,28 +293,33 @@ class ActorRolloutRefWorker(ProfiledWorker, RemoteRolloutWeights, fsdp_legacy.Le
             )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def update_weights(self, version: int | None = None) -> dict[str, float]:
+    def update_weights(self, version: int | None = None, to: str | None = None) -> dict[str, float]:
         """Load the actor's current weights into the rollout engine — this worker's (waking the memory they load
         into) or the connected rollout server's — as weight version ``version`` (default: the engine's version + 1),
-        verified when asked."""
+        verified when asked. ``to``: ``"engine"`` or ``"servers"`` for a worker that has both (separate_async's
+        hybrid switch); default: its engine."""
         if not self._is_actor:
             raise RuntimeError(f"update_weights on a worker of role {self.role!r}, which has no actor to push from")
-        target = self._weight_target()
-        if self._is_rollout:
+        target = self._weight_target(to)
+        local = self._is_rollout and target is self.rollout
+        if local:
             self._check_idle("update_weights")
             self.rollout.wake_up(["weights"])
+        sender = self.checkpoint_engine if local else getattr(self, "_servers_engine", None) or self.checkpoint_engine
         bucket = self.rollout_config.checkpoint_engine.update_weights_bucket_megabytes * 2**20
         # with LoRA the engine keeps the base weights of the first push; later pushes send the adapters alone
         adapters_only = self.lora is not None and self._base_synced
         with target.weight_update(version):  # all buckets are one weight load: one new version
-            stats = self.checkpoint_engine.send_weights(
+            stats = sender.send_weights(
                 self.actor_engine.iter_full_state_dict(bucket_bytes=bucket, adapters_only=adapters_only),
                 target,
                 verify=self.verify_weight_sync,
             )
-        if self._is_rollout:
+        if local:
             self.rollout.wake_up(["kv_cache"])
-        self._rollout_asleep = self._actor_ahead = False
+            self._rollout_asleep = self._actor_ahead = False
+        elif not self._is_rollout:
+            self._actor_ahead = False
         self._base_synced = True
         stats["adapters_only"] = float(adapters_only)
         return {f"weight_sync/{k}": v for k, v in stats.items()}

@@ -13,7 +13,9 @@ workers and the servers join one process group for the push (:meth:`RemoteRollou
 :meth:`RemoteRolloutWeights.join_weight_group`, backend ``gloo`` or ``nccl``), training rank 0 broadcasts every
 push to all servers, which *stage* it beside their engines (:meth:`RemoteRolloutWeights.receive_weights`) while
 they go on generating; the driver then says which staged version each engine loads, and when
-(:meth:`RemoteRolloutWeights.apply_weights`).
+(:meth:`RemoteRolloutWeights.apply_weights`). A training worker with an engine of its own (role ``actor_rollout``:
+``separate_async``'s hybrid switch lends it to generation) joins the group too; its ``update_weights(to=...)`` says
+which of the two a push reaches.
 """
 
 from __future__ import annotations
@@ -50,12 +52,14 @@ class RemoteRolloutWeights:
     _weight_receiver: ShmWeightReceiver | None = None
     _broadcast_receiver: BroadcastReceiver | None = None
     _staged: StagedWeights | None = None
+    _servers_engine: Any = None  # a worker with an engine of its own: the checkpoint engine of its pushes to servers
 
-    def _check_pusher(self, call: str) -> None:
-        if not self._is_actor or self._is_rollout:
+    def _check_pusher(self, call: str, own_engine_allowed: bool = False) -> None:
+        if not self._is_actor or (self._is_rollout and not own_engine_allowed):
             raise RuntimeError(
                 f"{call} on a worker of role {self.role!r}: only a training worker without a rollout engine of its "
                 "own (role actor or actor_ref) pushes to rollout servers"
+                + ("" if own_engine_allowed else " through shared memory")
             )
 
     def _check_server(self, call: str) -> None:
@@ -121,9 +125,13 @@ class RemoteRolloutWeights:
         rollout server) hosted at ``host:port``; from now on rank 0 broadcasts each ``update_weights`` to the
         servers, the other ranks gather with it and send nothing. The servers join at the same time
         (:meth:`join_weight_group`)."""
-        self._check_pusher("connect_weight_group")
+        self._check_pusher("connect_weight_group", own_engine_allowed=True)
         cfg = self.rollout_config
-        self.checkpoint_engine = get_checkpoint_engine(cfg.checkpoint_engine, dtype=cfg.dtype)
+        engine = get_checkpoint_engine(cfg.checkpoint_engine, dtype=cfg.dtype)
+        if self._is_rollout:  # its own engine keeps the hybrid's checkpoint engine; the servers get this one
+            self._servers_engine = engine
+        else:
+            self.checkpoint_engine = engine
         if self.rank == 0:
             backend = cfg.checkpoint_engine.backend
             group = weight_group(host, port, 0, world_size, backend, timeout_s)
@@ -164,10 +172,15 @@ class RemoteRolloutWeights:
         self._staged.apply(self.rollout, int(version), verify=self.verify_weight_sync, drop_older=drop_older)
         return int(self.rollout.weight_version)
 
-    def _weight_target(self) -> Any:
-        """Where ``update_weights`` loads the actor's weights: the engine of this worker (hybrid) or the connected
-        rollout server."""
-        if self._is_rollout:
+    def _weight_target(self, to: str | None = None) -> Any:
+        """Where ``update_weights`` loads the actor's weights: ``to="engine"``, the engine of this worker (hybrid);
+        ``to="servers"``, the connected rollout server(s); None: the one this worker has (its engine when it has
+        both)."""
+        if to not in (None, "engine", "servers"):
+            raise ValueError(f"update_weights(to={to!r}); use 'engine' or 'servers'")
+        if to == "engine" or (to is None and self._is_rollout):
+            if not self._is_rollout:
+                raise RuntimeError(f"update_weights(to='engine') on a worker of role {self.role!r}: it has no engine")
             return self.rollout
         if self._remote_rollout is None:
             raise RuntimeError(

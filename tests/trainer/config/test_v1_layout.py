@@ -103,7 +103,10 @@ def test_the_rollout_pool_under_either_name(caplog):
         ("trainer.v1.sampler.schedule=lifo", r"schedule='lifo'; use one of \('fixed_lag', 'replay_buffer'\)"),
         ("trainer.v1.sampler.sync_refill_failed_groups=true", "sync_refill_failed_groups: read by the replay buffer"),
         ("trainer.v1.sampler.custom_sampler.path=/tmp/s.py", "custom_sampler.path: read by the replay buffer, which"),
-        ("trainer.v1.separate_async.hybrid_rollout.enable_switch=true", "lending the training workers' rollout"),
+        (
+            "trainer.v1.separate_async.hybrid_rollout.enable_switch=true",
+            r"enable_switch=true: the training workers' engines are lent to generation in .*separate_async under",
+        ),
         ("distillation.enabled=true", "distillation.enabled=True: on-policy distillation is not built yet"),
         ("skip.rollout.enable=true", "skip.rollout.enable=True: veRL 0.10's rollout caching is not built"),
         ("model_engine=megatron", "model_engine='megatron': the megatron engine is not built yet"),

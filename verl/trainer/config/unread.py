@@ -252,20 +252,9 @@ UNREAD: tuple[Unread, ...] = (
         "warn",
         "there is no transfer queue here: batches move between the trainer and the worker groups as DataProto",
     ),
-    # veRL 0.10's V1 trainer settings that are not built yet (the mode, the prefetch depth, the staleness bound and
-    # parameter_sync_step are: verl.trainer.config.validate_v1)
+    # veRL 0.10's V1 trainer settings that do nothing here (the mode, the prefetch depth, the staleness bound,
+    # parameter_sync_step and the hybrid switch are read: verl.trainer.config.validate_v1)
     Unread("trainer.v1.sync", "warn", "trainer.v1.trainer_mode=sync takes no settings"),
-    Unread(
-        "trainer.v1.separate_async.hybrid_rollout",
-        "warn",
-        "the trainer's replicas are not lent to generation (hybrid_rollout.enable_switch is not built)",
-    ),
-    Unread(
-        "trainer.v1.separate_async.hybrid_rollout.enable_switch",
-        "error",
-        "lending the training workers' rollout replicas to the standalone servers' load balancer is not built yet",
-        harmless=(False,),
-    ),
     Unread(
         "skip",
         "error",

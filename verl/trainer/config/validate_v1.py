@@ -69,6 +69,7 @@ def check_v1_trainer(
     if _int_at_least(threshold, 1):
         _staleness_bound(config, mode, schedule, strategy, threshold, problems)
     _parameter_sync_step(config, mode if parameter_sync_step_set else "", schedule, problems)
+    _hybrid_switch(config, mode, schedule, problems)
 
 
 def _staleness_bound(config: Any, mode: str, schedule: str, strategy: str, threshold: int, problems: list) -> None:
@@ -122,6 +123,30 @@ def _parameter_sync_step(config: Any, mode: str, schedule: str, problems: list[s
         steps,
         SAMPLER,
     )
+
+
+def _hybrid_switch(config: Any, mode: str, schedule: str, problems: list[str]) -> None:
+    """``trainer.v1.separate_async.hybrid_rollout``: read by separate_async under veRL's schedule (its buffer says when
+    enough groups are sampleable to take the lent engines back)."""
+    key = "trainer.v1.separate_async.hybrid_rollout"
+    section = config.trainer.v1.separate_async.get("hybrid_rollout") or {}
+    if not section.get("enable_switch", False):
+        return
+    if mode != "separate_async" or schedule != "replay_buffer":
+        problems.append(
+            f"{key}.enable_switch=true: the training workers' engines are lent to generation in "
+            f"trainer.v1.trainer_mode=separate_async under {SAMPLER}.schedule=replay_buffer (here: {mode}, "
+            f"{schedule})"
+        )
+        return
+    if int(config.actor_rollout_ref.model.get("lora_rank", 0) or 0) > 0:
+        problems.append(f"{key}.enable_switch=true with a LoRA actor (model.lora_rank): not built")
+    from verl.trainer.ppo.hybrid_switch import SwitchSettings
+
+    try:
+        SwitchSettings.from_config(section)
+    except (TypeError, ValueError) as e:
+        problems.append(str(e))
 
 
 def _filter_groups(config: Any, schedule: str) -> None:

@@ -193,6 +193,8 @@ class RayPPOTrainer(
             updates_actor=self._updates_actor,
             sleep_replicas=lambda: self.checkpoint_manager.sleep_replicas(),
             servers=lambda: self.rollout_wg,
+            trainer_workers=lambda: self.actor_rollout_wg,
+            rollout_manager=lambda: self.async_rollout_manager,
             stage=self._stage,
             owner=type(self).__qualname__,
         )
@@ -243,6 +245,7 @@ class RayPPOTrainer(
             roles={"critic": self.use_critic, "rm": self.use_rm, "ref": self.use_reference_policy},
             resident=resident,
             separate=separate,
+            trainer_engines=self.rollout_source.trainer_engines,
             worker_group_cls=self.ray_worker_group_cls,
         )
         pool = self.resource_pool_manager.get_resource_pool(arr_role)

@@ -93,6 +93,8 @@ class Rollouter:
         updates_actor: whether the step in progress updates the actor (and pushes its weights).
         sleep_replicas: frees the rollout engines' memory until the next push.
         servers: returns the rollout servers' worker group (made when the workers start).
+        trainer_workers: returns the training workers' group (made when the workers start).
+        rollout_manager: returns the agent-loop manager that routes the generation requests.
         stage: ``stage(name, timing)`` times a stage of the step under ``timing_s/<name>``.
         owner: who made it (the trainer's class name), for messages.
     """
@@ -106,6 +108,8 @@ class Rollouter:
     updates_actor: Callable[[], bool] = lambda: True
     sleep_replicas: Callable[[], None] = lambda: None
     servers: Callable[[], Any] = lambda: None
+    trainer_workers: Callable[[], Any] = lambda: None
+    rollout_manager: Callable[[], Any] = lambda: None
     stage: Callable[[str, dict], Any] = lambda name, timing: contextlib.nullcontext()
     owner: str = "the trainer"
 
@@ -137,6 +141,8 @@ class RolloutSource(abc.ABC):
     resident_servers: bool = False
     #: those servers are on a pool of their own (the top-level ``rollout.*`` pool), reached by a collective push
     separate_pool: bool = False
+    #: the training workers hold an engine of their own too, lent to generation between steps (the hybrid switch)
+    trainer_engines: bool = False
 
     def before_weights(self, step: StepState) -> None:
         """The trainer is about to push new weights to the rollout engines (``sync``: nothing to do; a source

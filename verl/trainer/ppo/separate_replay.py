@@ -36,6 +36,8 @@ from verl.trainer.config.derived import async_training_config
 from verl.trainer.ppo.colocate_async import Generation
 from verl.trainer.ppo.colocate_replay import ColocateReplaySource
 from verl.trainer.ppo.dynamic_sampling import StepState
+from verl.trainer.ppo.hybrid_switch import HybridSwitch, SwitchSettings
+from verl.trainer.ppo.replay_batches import TRAIN
 from verl.trainer.ppo.rollout_source import register_rollout_source
 
 if TYPE_CHECKING:
@@ -66,14 +68,48 @@ class SeparateReplaySource(ColocateReplaySource):
         self._parts_given = 0
         self._engine_version: int | None = None  # the version the servers' engines generate with
         self._load_lock = threading.Lock()
+        hybrid = config.trainer.v1.separate_async.get("hybrid_rollout") or {}
+        self.trainer_engines = bool(hybrid.get("enable_switch", False))
+        self._switch_settings = SwitchSettings.from_config(hybrid) if self.trainer_engines else None
+        self._switch: HybridSwitch | None = None  # made once the workers run
+        self._lend_next = False
 
     def next_batch(self, step: StepState) -> DataProto | None:
-        """The step's next mini-batch: the step's dispatch with the first one, then ``part_size`` groups sampled."""
+        """The step's next mini-batch: the step's dispatch with the first one (and, with the hybrid switch, the
+        training workers' engines taken back once enough groups are sampleable), then ``part_size`` groups
+        sampled."""
+        switch = self._hybrid_switch()
         if self._parts_given == 0:
             self._begin_step(step)
+            if switch is not None:
+                step.metrics.update(switch.reclaim_if_lent(self.buffer, self.rollouter.state.global_steps, step.timing))
+        start = time.perf_counter()
+        missing = self.part_size - self.buffer.get_sampleable_count(self.rollouter.state.global_steps, TRAIN)
         batch = self._sample(step, self.part_size)
+        if switch is not None:
+            switch.note_sample(missing, time.perf_counter() - start)
         self._parts_given = 0 if batch is None else (self._parts_given + 1) % self.parts_per_step
         return batch
+
+    def _hybrid_switch(self) -> HybridSwitch | None:
+        """The hybrid switch (``hybrid_rollout.enable_switch``), made at first use: the workers run by then."""
+        if self._switch_settings is None or self._switch is not None:
+            return self._switch
+        r = self.rollouter
+        trainer_workers, manager = r.trainer_workers(), r.rollout_manager()
+        servers = r.servers().world_size
+        self._switch = HybridSwitch(
+            self._switch_settings,
+            self.train_batch_size,
+            self.parts_per_step,
+            scaling=(trainer_workers.world_size + servers) / servers,
+            actor_wg=trainer_workers,
+            manager=manager,
+            handles=manager.replica_handles(trainer_workers),
+            poll_interval=self.buffer.poll_interval,
+        )
+        trainer_workers.sleep()  # their engines hold no memory until lent
+        return self._switch
 
     def _generate(self, generation: Generation, prompts: DataProto) -> DataProto:
         """On the generation thread: the servers load the dispatch's version, then generate and score."""
@@ -93,6 +129,17 @@ class SeparateReplaySource(ColocateReplaySource):
         busy, self._busy_since_step = self._busy_since_step, 0.0  # the generations taken during the step
         step.metrics["trainer/idle_ratio"] = min(1.0, self._waited / elapsed)
         step.metrics["rollouter/idle_ratio"] = max(0.0, 1.0 - busy / elapsed)
+        if self._switch is not None:  # lend the training workers' engines for the next step?
+            r = self.rollouter
+            self._lend_next, metrics = self._switch.decide(self.buffer, r.state.global_steps, r.total_training_steps)
+            step.metrics.update(metrics)
+
+    def on_weights(self, version: int) -> None:
+        """The push is staged; with the hybrid switch, the training workers' engines are lent now if so decided."""
+        super().on_weights(version)
+        if self._switch is not None and self._lend_next:
+            self._lend_next = False
+            self._switch.lend(version, self._step.timing if self._step is not None else {})
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:

@@ -19,13 +19,15 @@ def spawn_worker_groups(
     roles: dict[str, bool],
     resident: bool,
     separate: bool,
+    trainer_engines: bool = False,
     worker_group_cls: type = RayWorkerGroup,
 ) -> tuple[dict[str, RayWorkerGroup], Role]:
     """Create the pools and spawn the groups (models not built yet): ``actor_rollout`` (role ``actor_rollout`` /
     ``actor``, ``_ref`` when ``roles["ref"]``: the reference policy runs in the actor's workers), and ``critic`` /
     ``rm`` when ``roles`` says they run. ``resident``: the rollout engines are servers of their own (the training
-    workers are role ``actor``), beside them on each bundle unless ``separate`` (a pool of their own). Returns the
-    groups by name and the actor's :class:`Role`."""
+    workers are role ``actor``), beside them on each bundle unless ``separate`` (a pool of their own);
+    ``trainer_engines``: the training workers hold an engine too (role ``actor_rollout``: the hybrid switch lends it).
+    Returns the groups by name and the actor's :class:`Role`."""
     if resident and not separate:  # each bundle hosts a training worker and its rollout server
         resource_pool_manager.max_colocate_count = max(2, resource_pool_manager.max_colocate_count)
     resource_pool_manager.create_resource_pool()
@@ -33,7 +35,9 @@ def spawn_worker_groups(
     arr_role = Role.ActorRolloutRef if Role.ActorRolloutRef in role_worker_mapping else Role.ActorRollout
     check_ref_worker(role_worker_mapping, arr_role)
     pool = resource_pool_manager.get_resource_pool(arr_role)
-    role_name = ("actor" if resident else "actor_rollout") + ("_ref" if roles.get("ref") else "")
+    role_name = ("actor" if resident and not trainer_engines else "actor_rollout") + (
+        "_ref" if roles.get("ref") else ""
+    )
     pool_classes[pool]["actor_rollout"] = RayClassWithInitArgs(
         role_worker_mapping[arr_role], config=config.actor_rollout_ref, role=role_name
     )
