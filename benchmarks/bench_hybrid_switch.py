@@ -54,6 +54,7 @@ def main() -> None:
             with tempfile.TemporaryDirectory(prefix="bench_switch-") as work:
                 keys = {
                     **SLOW_POOL,
+                    "actor_rollout_ref.rollout.nnodes": "1",
                     "actor_rollout_ref.rollout.n_gpus_per_node": str(servers),
                     "trainer.v1.separate_async.hybrid_rollout.enable_switch": str(switch).lower(),
                 }

@@ -57,6 +57,7 @@ MODES = {
         "trainer.v1.separate_async.num_warmup_batches": "1",
         "trainer.v1.separate_async.parameter_sync_step": "2",
         "actor_rollout_ref.hybrid_engine": "false",
+        "actor_rollout_ref.rollout.nnodes": "1",
         "actor_rollout_ref.rollout.n_gpus_per_node": "1",
     },
 }

@@ -95,6 +95,14 @@ def test_the_rollout_pool_under_either_name(caplog):
     assert rollout_pool(resolved("trainer.mode=separate_async")) == (1, 1)  # neither given: one server
     with pytest.raises(ConfigError, match="size one pool under two names"):
         resolved("rollout.n_gpus_per_node=3", "actor_rollout_ref.rollout.nnodes=1")
+    # a size without nodes would leave the pool at one server: refused in separate_async, said elsewhere
+    with pytest.raises(
+        ConfigError, match=r"n_gpus_per_node=3 sizes the standalone rollout pool only with .*nnodes > 0"
+    ):
+        resolved("trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.n_gpus_per_node=3")
+    with caplog.at_level(logging.WARNING, logger="verl.trainer.config.layout"):
+        resolved("actor_rollout_ref.rollout.n_gpus_per_node=3")
+    assert "no effect with trainer.v1.trainer_mode=sync" in caplog.text
 
 
 @pytest.mark.parametrize(

@@ -153,6 +153,18 @@ def _resolve_pool(config: DictConfig, base: DictConfig, problems: list[str]) -> 
         )
         for k in POOL_KEYS:
             _set(config, f"{POOL_NEW}.{k}", old[k])
+        return
+    size_key = f"{POOL_NEW}.n_gpus_per_node"
+    if is_away(config, base, size_key):  # a size without nodes: the pool would silently stay one server
+        mode = OmegaConf.select(config, "trainer.v1.trainer_mode", default="sync")
+        message = (
+            f"{size_key}={new['n_gpus_per_node']} sizes the standalone rollout pool only with {POOL_NEW}.nnodes > 0 "
+            f"(here {new['nnodes']})"
+        )
+        if mode == "separate_async":
+            problems.append(message + "; set it (e.g. 1)")
+        else:
+            logger.warning("%s; no effect with trainer.v1.trainer_mode=%s", message, mode)
 
 
 ASYNC_MODES = ("colocate_async", "separate_async")  # the modes that generate ahead of training
