@@ -31,6 +31,8 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from omegaconf import OmegaConf
+
 from verl.protocol import DataProto
 from verl.trainer.config.derived import async_training_config
 from verl.trainer.ppo.colocate_async import Generation
@@ -68,7 +70,7 @@ class SeparateReplaySource(ColocateReplaySource):
         self._parts_given = 0
         self._engine_version: int | None = None  # the version the servers' engines generate with
         self._load_lock = threading.Lock()
-        hybrid = config.trainer.v1.separate_async.get("hybrid_rollout") or {}
+        hybrid = OmegaConf.select(config, "trainer.v1.separate_async.hybrid_rollout", default=None) or {}
         self.trainer_engines = bool(hybrid.get("enable_switch", False))
         self._switch_settings = SwitchSettings.from_config(hybrid) if self.trainer_engines else None
         self._switch: HybridSwitch | None = None  # made once the workers run
