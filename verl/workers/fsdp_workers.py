@@ -43,8 +43,6 @@ from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 from verl.utils.distributed import initialize_global_process_group
 from verl.utils.flops_counter import FlopsCounter
 from verl.utils.fs import copy_to_local
-from verl.utils.import_utils import import_external_libs
-from verl.utils.profiler import DistProfiler, DistProfilerExtension, ProfilerConfig
 from verl.workers import fsdp_legacy
 from verl.workers.actor import DataParallelPPOActor
 from verl.workers.actor.log_prob_metrics import metrics_meta, old_log_prob_metrics, rollout_mismatch_metrics
@@ -60,6 +58,7 @@ from verl.workers.critic import DataParallelPPOCritic
 from verl.workers.engine import get_engine_class
 from verl.workers.engine.sharding import create_device_mesh, get_sharding_strategy
 from verl.workers.engine.snapshots import ParameterSnapshots
+from verl.workers.profiled_worker import ProfiledWorker
 from verl.workers.remote_rollout import RemoteRolloutWeights
 
 __all__ = [
@@ -83,39 +82,6 @@ def _register_meshes(worker: Worker) -> None:
     # Pure data parallelism: every rank is its own dp rank and is collected, under every mesh name.
     for mesh in MESHES:
         worker._register_dispatch_collect_info(mesh, dp_rank=worker.rank, is_collect=True)
-
-
-class ProfiledWorker(Worker, DistProfilerExtension):
-    """A worker with veRL's ``start_profile`` / ``stop_profile`` (`DistProfilerExtension`): the torch profiler over
-    what the role's ranks run in between (``global_profiler.tool=torch``; the role's ``profiler.enable``,
-    ``all_ranks`` / ``ranks`` and ``save_path`` as veRL), one trace per rank and step. Every worker imports
-    ``model.external_lib`` first, so the module's registrations (architectures, estimators, losses) exist in the
-    worker too."""
-
-    profile_role = "worker"
-
-    def __init__(self, external_lib: str | list[str] | None = None, profiler: Any = None) -> None:
-        Worker.__init__(self)
-        import_external_libs(external_lib)
-        self.profiler_config = dict(profiler or {})
-        DistProfilerExtension.__init__(self, DistProfiler(self.rank))  # off until start_profile
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def start_profile(self, profile_step: int | None = None, save_path: str = "outputs/profile", **kwargs: Any) -> None:
-        """Start the torch profiler for step ``profile_step`` (a profile still running is written first); a role
-        without ``profiler.enable`` records nothing."""
-        if self.profiler.check_this_step():
-            self.profiler.stop()
-        role = self.profiler_config
-        config = ProfilerConfig(
-            tool="torch",
-            enable=bool(role.get("enable", False)),
-            all_ranks=bool(role.get("all_ranks", False)),
-            ranks=list(role.get("ranks") or []),
-            save_path=role.get("save_path") or save_path,
-        )
-        self.profiler = DistProfiler(self.rank, config, role=self.profile_role)
-        self.profiler.start(profile_step=profile_step)
 
 
 class ActorRolloutRefWorker(ProfiledWorker, RemoteRolloutWeights, fsdp_legacy.LegacyWorkerAPI):
@@ -305,7 +271,7 @@ class ActorRolloutRefWorker(ProfiledWorker, RemoteRolloutWeights, fsdp_legacy.Le
         if local:
             self._check_idle("update_weights")
             self.rollout.wake_up(["weights"])
-        sender = self.checkpoint_engine if local else getattr(self, "_servers_engine", None) or self.checkpoint_engine
+        sender = self._servers_engine if not local and self._servers_engine is not None else self.checkpoint_engine
         bucket = self.rollout_config.checkpoint_engine.update_weights_bucket_megabytes * 2**20
         # with LoRA the engine keeps the base weights of the first push; later pushes send the adapters alone
         adapters_only = self.lora is not None and self._base_synced

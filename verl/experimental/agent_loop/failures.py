@@ -17,14 +17,12 @@ import ray
 import torch
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
-from verl.experimental.agent_loop.postprocess import SampleResult, pad_sample
+from verl.experimental.agent_loop.postprocess import FAILED_COLUMN, SampleResult, pad_sample
 from verl.single_controller.ray.base import WorkerDiedError
 
 __all__ = ["FAILED_COLUMN", "keep_failed_samples"]
 
 logger = logging.getLogger(__name__)
-
-FAILED_COLUMN = "__failed__"
 
 
 def _fatal(error: BaseException) -> bool:

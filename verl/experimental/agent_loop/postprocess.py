@@ -38,6 +38,9 @@ __all__ = [
 ]
 
 
+# the column that flags the samples whose agent loop failed (verl.experimental.agent_loop.failures)
+FAILED_COLUMN = "__failed__"
+
 # extra_fields columns every batch has (veRL's), whichever loops produced it
 STABLE_EXTRA_FIELDS = ("turn_scores", "tool_rewards", "min_global_steps", "max_global_steps", "extras")
 
@@ -157,7 +160,7 @@ def samples_to_batch(results: Sequence[SampleResult], failed_column: bool = Fals
         if key not in non_tensors:
             non_tensors[key] = object_column([None] * len(results))
     if failed_column:
-        non_tensors["__failed__"] = np.array([r.failed for r in results], dtype=bool)
+        non_tensors[FAILED_COLUMN] = np.array([r.failed for r in results], dtype=bool)
     return DataProto.from_dict(tensors, non_tensors, meta_info={"reward_extra_keys": reward_keys})
 
 

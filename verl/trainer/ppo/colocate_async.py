@@ -107,6 +107,10 @@ class ColocateAsyncRolloutSource(RolloutSource):
         generation) and ``rollouter/idle_ratio`` (the servers not generating), over the step so far."""
         self.wait_idle()
         step.timing["wait_rollout"] = self._waited
+        self._add_idle_shares(step)
+
+    def _add_idle_shares(self, step: StepState) -> None:
+        """veRL's fully-async idle shares over the step so far: the trainer's waits, the generations taken."""
         elapsed = time.perf_counter() - self._step_start
         busy, self._busy_since_step = self._busy_since_step, 0.0
         step.metrics["trainer/idle_ratio"] = min(1.0, self._waited / elapsed)

@@ -490,7 +490,8 @@ class RayPPOTrainer(
                     break
                 batch = self._train_part(batch, part, policy, index)
                 trained.append(batch)
-                aggregator.add_step_metrics(part.metrics, sample_count=len(batch))
+                if parts > 1:
+                    aggregator.add_step_metrics(part.metrics, sample_count=len(batch))
         finally:
             policy.end()
         if parts > 1 and trained:

@@ -44,7 +44,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -58,7 +58,7 @@ from verl.trainer.ppo.sample_queue import QueueClosed, QueuedGroup, SampleQueue
 if TYPE_CHECKING:
     from verl.trainer.ppo.rollout_source import Rollouter
 
-__all__ = ["SeparateAsyncRolloutSource"]
+__all__ = ["SeparateAsyncRolloutSource", "StagedWeights"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +82,32 @@ class Drawn:
     index: int
     epoch: int
     done: int = 0
+
+
+class StagedWeights:
+    """Which staged weight version the rollout pool's engines generate with, and having them load another: one load
+    at a time, none when they hold it already (``never_back``: nor an older one, as under partial rollout, whose
+    engines may be ahead of a chunk's version).
+
+    Args:
+        servers: returns the rollout servers' worker group (``apply_weights(version, drop_older)``).
+        never_back: refuse to go back to an older version than the one held.
+    """
+
+    def __init__(self, servers: Callable[[], Any], never_back: bool = False) -> None:
+        self.servers, self.never_back = servers, never_back
+        self.held: int | None = None  # None: nothing loaded by this source yet
+        self._lock = threading.Lock()
+
+    def load(self, version: int, drop_older: bool = True) -> None:
+        """Have the engines generate with staged ``version`` (older staged versions dropped unless ``drop_older``
+        is false)."""
+        with self._lock:
+            held = self.held
+            if held == version or (self.never_back and held is not None and version < held):
+                return
+            self.servers().apply_weights(version, drop_older)
+            self.held = version
 
 
 @register_rollout_source("separate_async")
@@ -111,8 +137,7 @@ class SeparateAsyncRolloutSource(RolloutSource):
         self._loaded: dict[str, Any] = {}
         self._drawn: Drawn | None = None
         self._next_index = 0
-        self._engine_version: int | None = None  # what the servers' engines hold (None: not loaded by us yet)
-        self._load_lock = threading.Lock()
+        self._weights = StagedWeights(r.servers, never_back=self.partial)  # what the servers' engines hold
         self._loader: concurrent.futures.ThreadPoolExecutor | None = None  # partial rollout: loads pushes at once
         self._thread: threading.Thread | None = None
         self._cv = threading.Condition()
@@ -181,12 +206,12 @@ class SeparateAsyncRolloutSource(RolloutSource):
         """The trainer generates itself (validation): the rollouter pauses between two chunks and the servers load
         the trainer's newest weights; afterwards the rollouter goes on with the versions its places need."""
         if self._thread is None:  # before the first step: nothing generates, the servers hold the pushed version
-            self._load(self.rollouter.state.weight_version, drop_older=False)
+            self._weights.load(self.rollouter.state.weight_version, drop_older=False)
             yield
             return
         self._pause(-math.inf)
         try:
-            self._load(self.rollouter.state.weight_version, drop_older=False)
+            self._weights.load(self.rollouter.state.weight_version, drop_older=False)
             yield
         finally:
             self._resume()
@@ -250,7 +275,7 @@ class SeparateAsyncRolloutSource(RolloutSource):
         places with their groups."""
         start = time.perf_counter()
         # partial rollout: the newest staged version (the bound only asks for the place's version or newer)
-        self._load(max(places[0].version, self.queue.rollout_version) if self.partial else places[0].version)
+        self._weights.load(max(places[0].version, self.queue.rollout_version) if self.partial else places[0].version)
         chunk = drawn.prompts.slice(drawn.done, drawn.done + len(places))
         step = StepState(metrics={"training/epoch": drawn.epoch})
         batch = self.rollouter.rollout(
@@ -267,20 +292,10 @@ class SeparateAsyncRolloutSource(RolloutSource):
         with self._cv:
             self._busy += time.perf_counter() - start
 
-    def _load(self, version: int, drop_older: bool = True) -> None:
-        """Have the servers' engines generate with staged weight ``version`` (with partial rollout: or newer — the
-        engines never go back to an older version)."""
-        with self._load_lock:
-            held = self._engine_version
-            if held == version or (self.partial and held is not None and version < held):
-                return
-            self.rollouter.servers().apply_weights(version, drop_older)
-            self._engine_version = version
-
     def _load_pushed(self, version: int) -> None:
         """Partial rollout, on the loader thread: load a push that was just staged, in the middle of a chunk."""
         try:
-            self._load(version)
+            self._weights.load(version)
         except BaseException as e:  # noqa: BLE001 — handed to the trainer, which raises it
             self._fail(e, f"load of weight version {version}")
 

@@ -26,7 +26,6 @@ Partial rollout (``async_training.partial_rollout``) is not built for this sched
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -41,6 +40,7 @@ from verl.trainer.ppo.dynamic_sampling import StepState
 from verl.trainer.ppo.hybrid_switch import HybridSwitch, SwitchSettings
 from verl.trainer.ppo.replay_batches import TRAIN
 from verl.trainer.ppo.rollout_source import register_rollout_source
+from verl.trainer.ppo.separate_async import StagedWeights
 
 if TYPE_CHECKING:
     from verl.trainer.ppo.rollout_source import Rollouter
@@ -68,8 +68,7 @@ class SeparateReplaySource(ColocateReplaySource):
         self.parts_per_step = max(1, self.train_batch_size // mini)
         self.part_size = self.train_batch_size // self.parts_per_step
         self._parts_given = 0
-        self._engine_version: int | None = None  # the version the servers' engines generate with
-        self._load_lock = threading.Lock()
+        self._weights = StagedWeights(r.servers)  # what the servers' engines generate with
         hybrid = OmegaConf.select(config, "trainer.v1.separate_async.hybrid_rollout", default=None) or {}
         self.trainer_engines = bool(hybrid.get("enable_switch", False))
         self._switch_settings = SwitchSettings.from_config(hybrid) if self.trainer_engines else None
@@ -85,10 +84,12 @@ class SeparateReplaySource(ColocateReplaySource):
             self._begin_step(step)
             if switch is not None:
                 step.metrics.update(switch.reclaim_if_lent(self.buffer, self.rollouter.state.global_steps, step.timing))
-        start = time.perf_counter()
-        missing = self.part_size - self.buffer.get_sampleable_count(self.rollouter.state.global_steps, TRAIN)
-        batch = self._sample(step, self.part_size)
-        if switch is not None:
+        if switch is None:
+            batch = self._sample(step, self.part_size)
+        else:  # the switch learns how long missing groups take to come
+            start = time.perf_counter()
+            missing = self.part_size - self.buffer.get_sampleable_count(self.rollouter.state.global_steps, TRAIN)
+            batch = self._sample(step, self.part_size)
             switch.note_sample(missing, time.perf_counter() - start)
         self._parts_given = 0 if batch is None else (self._parts_given + 1) % self.parts_per_step
         return batch
@@ -115,22 +116,13 @@ class SeparateReplaySource(ColocateReplaySource):
 
     def _generate(self, generation: Generation, prompts: DataProto) -> DataProto:
         """On the generation thread: the servers load the dispatch's version, then generate and score."""
-        self._load(generation.weight_version)
+        self._weights.load(generation.weight_version)
         return super()._generate(generation, prompts)
-
-    def _load(self, version: int, drop_older: bool = True) -> None:
-        with self._load_lock:
-            if self._engine_version != version:
-                self.rollouter.servers().apply_weights(version, drop_older)
-                self._engine_version = version
 
     def before_weights(self, step: StepState) -> None:
         """The push is staged beside the servers' generation: nothing waits. Adds veRL's fully-async idle shares over
         the step: ``trainer/idle_ratio`` (the trainer waiting for groups) and ``rollouter/idle_ratio``."""
-        elapsed = time.perf_counter() - self._step_start
-        busy, self._busy_since_step = self._busy_since_step, 0.0  # the generations taken during the step
-        step.metrics["trainer/idle_ratio"] = min(1.0, self._waited / elapsed)
-        step.metrics["rollouter/idle_ratio"] = max(0.0, 1.0 - busy / elapsed)
+        self._add_idle_shares(step)
         if self._switch is not None:  # lend the training workers' engines for the next step?
             r = self.rollouter
             self._lend_next, metrics = self._switch.decide(self.buffer, r.state.global_steps, r.total_training_steps)
@@ -147,5 +139,5 @@ class SeparateReplaySource(ColocateReplaySource):
     def paused(self) -> Iterator[None]:
         """Validation: the generations in flight end, then the servers load the trainer's newest version."""
         self.wait_idle()
-        self._load(self.rollouter.state.weight_version, drop_older=False)
+        self._weights.load(self.rollouter.state.weight_version, drop_older=False)
         yield
