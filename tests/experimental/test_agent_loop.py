@@ -95,7 +95,7 @@ def test_prompt_ids_from_a_tokenizer_are_accepted_and_bad_ones_named():
 def test_agent_loop_manager_class_replaces_the_manager():
     from types import SimpleNamespace
 
-    from verl.trainer.ppo.rollout_manager import create_rollout_manager
+    from verl.trainer.ppo.rollout_manager import create_rollout_manager, route_generation
 
     config = OmegaConf.create(
         {"actor_rollout_ref": {"rollout": {"agent": {"agent_loop_manager_class": "user_agent_loops.RecordingManager"}}}}
@@ -107,6 +107,7 @@ def test_agent_loop_manager_class_replaces_the_manager():
     finally:
         sys.path.remove(str(HERE))
     assert type(manager).__name__ == "RecordingManager" and manager.worker_group is group and manager.config is config
+    route_generation(manager, [group])
     assert group.generate_sequences == "the engines' batch call"  # a manager without the per-prompt call: untouched
     config.actor_rollout_ref.rollout.agent.agent_loop_manager_class = "user_agent_loops.Nope"
     with pytest.raises(ImportError, match="agent_loop_manager_class='user_agent_loops.Nope' cannot be imported"):

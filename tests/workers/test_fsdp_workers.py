@@ -15,6 +15,7 @@ import torch
 from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
 
+from tests.workers.engine_requests import generate as generate_over_requests
 from verl.protocol import DataProto
 from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from verl.workers.actor import DataParallelPPOActor
@@ -78,6 +79,11 @@ def prompts() -> DataProto:
     )
 
 
+def generate(wg, batch: DataProto) -> DataProto:
+    """The group's engines' responses to ``batch``, over their request API (see tests/workers/engine_requests.py)."""
+    return generate_over_requests(wg, batch, arr_config("").rollout)
+
+
 def reference_log_probs(model: torch.nn.Module, batch: DataProto) -> torch.Tensor:
     b = batch.batch
     with torch.no_grad():
@@ -122,7 +128,7 @@ def fresh_hybrid(request, ray_cluster, tiny_model_dir):
 
 
 def test_generation_shapes_masks_and_log_probs(hybrid, tiny_model_dir):
-    out = hybrid.generate_sequences(prompts())
+    out = generate(hybrid, prompts())
     b = out.batch
     assert len(out) == PROMPTS * N and list(out.non_tensor_batch["uid"]) == [
         f"p{i}" for i in range(PROMPTS) for _ in range(N)
@@ -147,29 +153,29 @@ def test_generation_shapes_masks_and_log_probs(hybrid, tiny_model_dir):
 def test_same_seed_same_samples_and_generation_never_syncs_weights(hybrid):
     """sleep / wake_up are about memory only and the weight push is its own call: a sleeping engine refuses to
     generate, a woken hf engine (its weights were dropped) refuses until a push, and a push names the version."""
-    first = hybrid.generate_sequences(prompts())
+    first = generate(hybrid, prompts())
     held = hybrid.sleep()
     if hybrid.engine == "hf":  # vLLM cannot sleep on CPU (a documented no-op)
         assert all(b < 1024 for b in held)
     with pytest.raises(Exception, match="the rollout engine is asleep .* push the weights"):
-        hybrid.generate_sequences(prompts())
+        generate(hybrid, prompts())
     hybrid.wake_up()
     if hybrid.engine == "hf":
         with pytest.raises(Exception, match="woken but never loaded"):
-            hybrid.generate_sequences(prompts())
+            generate(hybrid, prompts())
     hybrid.update_weights(version=7)  # the push (verified)
-    again = hybrid.generate_sequences(prompts())
+    again = generate(hybrid, prompts())
     assert torch.equal(first.batch["responses"], again.batch["responses"])
     assert torch.equal(first.batch["rollout_log_probs"], again.batch["rollout_log_probs"])
     assert {v for runs in again.non_tensor_batch["weight_version_ranges"] for *_, v in runs} == {7}
     other_step = prompts()
     other_step.meta_info["global_steps"] = 2
-    assert not torch.equal(hybrid.generate_sequences(other_step).batch["responses"], first.batch["responses"])
+    assert not torch.equal(generate(hybrid, other_step).batch["responses"], first.batch["responses"])
 
 
 def test_update_actor_matches_a_single_process_step_and_syncs_the_engine(fresh_hybrid, tiny_model_dir):
     hybrid = fresh_hybrid  # a fresh AdamW, as the reference's
-    batch = hybrid.generate_sequences(prompts())
+    batch = generate(hybrid, prompts())
     batch = batch.union(hybrid.compute_log_prob(batch))
     g = torch.Generator().manual_seed(5)
     batch.batch["advantages"] = torch.randn(len(batch), RESPONSE_LEN, generator=g) * batch.batch["response_mask"]
@@ -216,7 +222,7 @@ def test_update_actor_matches_a_single_process_step_and_syncs_the_engine(fresh_h
     assert all(s["weight_sync/tensors"] > 0 for s in stats)
     greedy = prompts()
     greedy.meta_info["do_sample"] = False
-    out = hybrid.generate_sequences(greedy)
+    out = generate(hybrid, greedy)
     b = greedy.batch
     expected = model.generate(
         input_ids=b["input_ids"],
@@ -263,7 +269,7 @@ def test_wrong_role_calls_are_clear(ray_cluster, tiny_model_dir):
 
 
 def test_critic_and_reward_model_workers(ray_cluster, tiny_model_dir, hybrid):
-    batch = hybrid.generate_sequences(prompts())
+    batch = generate(hybrid, prompts())
     critic_cfg = OmegaConf.create(
         {
             "model": {
@@ -313,7 +319,7 @@ def test_critic_and_reward_model_workers(ray_cluster, tiny_model_dir, hybrid):
 
 
 def test_save_and_load_checkpoint_restore_the_actor(hybrid, tmp_path):
-    batch = hybrid.generate_sequences(prompts())
+    batch = generate(hybrid, prompts())
     batch = batch.union(hybrid.compute_log_prob(batch))
     saved = batch.batch["old_log_probs"]
     hybrid.save_checkpoint(str(tmp_path / "actor"))
@@ -323,7 +329,7 @@ def test_save_and_load_checkpoint_restore_the_actor(hybrid, tmp_path):
     hybrid.load_checkpoint(str(tmp_path / "actor"))
     torch.testing.assert_close(hybrid.compute_log_prob(batch).batch["old_log_probs"], saved, rtol=0, atol=0)
     hybrid.update_weights()  # the restored weights into the engine
-    again = hybrid.generate_sequences(prompts())
+    again = generate(hybrid, prompts())
     torch.testing.assert_close(again.batch["rollout_log_probs"], batch.batch["rollout_log_probs"], rtol=0, atol=0)
 
 
@@ -336,7 +342,7 @@ def test_update_under_dropout_takes_its_old_log_probs_from_a_pass_of_their_own(r
     (model_dir / "config.json").write_text(json.dumps({**config, "attention_dropout": 0.5}))
     wg, pool = start_hybrid("hf", str(model_dir), "dropout")
     try:
-        batch = wg.generate_sequences(prompts())
+        batch = generate(wg, prompts())
         expected = wg.compute_log_prob(batch)
         g = torch.Generator().manual_seed(5)
         batch.batch["advantages"] = torch.randn(len(batch), RESPONSE_LEN, generator=g) * batch.batch["response_mask"]

@@ -13,7 +13,7 @@ import ray
 import torch
 from omegaconf import OmegaConf, open_dict
 
-from tests.workers.test_fsdp_workers import PROMPTS, RESPONSE_LEN, N, arr_config, prompts
+from tests.workers.test_fsdp_workers import PROMPTS, RESPONSE_LEN, N, arr_config, generate, prompts
 from verl.protocol import DataProto
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
@@ -174,7 +174,7 @@ def test_a_recipe_init_model_drives_our_worker_methods(recipe_group, tmp_path):
     assert facts["ref_config"] == "RefConfig" and facts["same_engine"] and facts["unwrapped"]
     assert facts["offload"] == (True, False) and facts["flops"] and facts["world_size"] == 2
 
-    batch = recipe_group.generate_sequences(prompts())
+    batch = generate(recipe_group, prompts())
     assert batch.batch["responses"].shape == (PROMPTS * N, RESPONSE_LEN)
     batch = batch.union(recipe_group.compute_log_prob(batch))
     old = batch.batch["old_log_probs"]
@@ -193,7 +193,7 @@ def test_a_recipe_init_model_drives_our_worker_methods(recipe_group, tmp_path):
     recipe_group.load_checkpoint(str(tmp_path / "actor"))
     torch.testing.assert_close(recipe_group.compute_log_prob(batch).batch["old_log_probs"], old, rtol=0, atol=0)
     recipe_group.update_weights()  # verified push of the restored weights
-    again = recipe_group.generate_sequences(prompts())
+    again = generate(recipe_group, prompts())
     torch.testing.assert_close(again.batch["rollout_log_probs"], batch.batch["rollout_log_probs"], rtol=0, atol=0)
 
 

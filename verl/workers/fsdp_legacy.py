@@ -4,7 +4,7 @@ veRL's ``ActorRolloutRefWorker`` builds FSDP modules in ``_build_model_optimizer
 ``_build_rollout``; recipes (SPPO, SPIN, PRIME) subclass the worker, override ``init_model`` and call those, then
 wrap the returned module in their own ``DataParallelPPOActor`` subclass. Here the same calls build our
 ``FSDPEngine`` (by ``strategy``, `verl.workers.engine.get_engine_class`) and record it where the worker's own
-methods look (``actor_engine`` / ``ref_engine``), so that after a recipe's ``init_model`` ``generate_sequences``,
+methods look (``actor_engine`` / ``ref_engine``), so that after a recipe's ``init_model`` the engine's requests,
 ``compute_log_prob``, ``update_actor``, checkpoints and weight pushes work as after ours — and ours goes through the
 same functions. What a recipe gets back:
 

@@ -174,16 +174,6 @@ class ActorRolloutRefWorker(ProfiledWorker, RemoteRolloutWeights, fsdp_legacy.Le
             )
 
     # ------------------------------------------------------------------ rollout
-    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="rollout"))
-    def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Generate responses for this rank's prompts with the engine's current weights."""
-        self._check_serving("generate_sequences")
-        start = time.perf_counter()
-        output = self.rollout.generate_sequences(prompts)
-        seconds = time.perf_counter() - start
-        output.meta_info.setdefault("metrics", {})["timing_s/generate_sequences"] = seconds
-        return output
-
     @server_method
     async def generate(
         self,

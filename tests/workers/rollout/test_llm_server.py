@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from tests.experimental.test_agent_loop import assets, engine_progress, prompt_batch, trainer_config  # noqa: F401
 from verl.experimental.agent_loop import AgentLoopManager
-from verl.experimental.agent_loop.server_manager import ServerHandle, record_token_versions
+from verl.experimental.agent_loop.server_manager import SampleClient, ServerHandle
 from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from verl.single_controller.ray.base import create_colocated_worker_cls
 from verl.utils.tokenizer import hf_tokenizer
@@ -121,11 +121,9 @@ def test_fully_async_client_resends_an_aborted_request_for_the_rest_of_the_budge
     client.retry_delay_s = 0.0
     params = {"temperature": 1.0, "seed": 3}
 
-    async def run():
-        versions = record_token_versions()
-        return await client.generate("conv", prompt_ids=[1, 2], sampling_params=params), versions
-
-    out, versions = asyncio.run(run())
+    recording = SampleClient(client)  # what an agent loop is given
+    out = asyncio.run(recording.generate("conv", prompt_ids=[1, 2], sampling_params=params))
+    versions = recording.token_versions
     assert out.token_ids == list(range(5, 15)) and out.log_probs == [-0.5] * 10 and out.stop_reason == "completed"
     assert out.weight_versions == [1] * 4 + [2] * 6 and versions == out.weight_versions
     assert (out.extra_fields["min_global_steps"], out.extra_fields["max_global_steps"]) == (1, 2)
@@ -261,12 +259,9 @@ def test_the_client_generates_on_the_engines_and_reports_the_weight_versions(ser
     prompt = a_prompt(assets)
     greedy = {"max_tokens": 24, "temperature": 0.0}
 
-    async def scenario():
-        versions = record_token_versions()
-        output = await manager.get_client().generate("one", prompt_ids=prompt, sampling_params=greedy, priority=3)
-        return output, versions
-
-    output, versions = asyncio.run(scenario())
+    recording = SampleClient(manager.get_client())
+    output = asyncio.run(recording.generate("one", prompt_ids=prompt, sampling_params=greedy, priority=3))
+    versions = recording.token_versions
     handle = ServerHandle(wg.workers[1], wg.method_prefix)
     direct = ray.get(handle.generate.remote("d", prompt_ids=prompt, sampling_params=greedy))
     assert output.token_ids == direct.token_ids and len(output.token_ids) > 0  # the engine's own tokens

@@ -18,8 +18,8 @@
   new request (a conversation pinned to it goes on elsewhere at its next turn, its turn count and so its seeds
   kept); what it is serving finishes there (:meth:`~AsyncLLMServerManager.in_flight_on`). ``served`` counts the
   requests each replica was sent.
-- **Weight versions per sample**: inside :func:`record_token_versions` (the agent-loop worker opens one per sample),
-  the weight version of every token the sample's ``generate`` calls return is recorded, in order, whatever the
+- **Weight versions per sample**: each sample's agent loop gets the manager wrapped in a :class:`SampleClient`,
+  which records the weight version of every token the sample's ``generate`` calls return, in order, whatever the
   agent loop does with the outputs.
 """
 
@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import contextvars
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -36,31 +35,37 @@ from verl.utils.rollout_trace import rollout_trace_op
 from verl.workers.rollout.replica import TokenOutput
 from verl.workers.rollout.request import as_token_ids, sample_seed
 
-__all__ = ["AsyncLLMServerManager", "ServerHandle", "note_token_versions", "record_token_versions"]
-
-# The versions of the tokens generated for the sample whose asyncio task (and its child tasks) this is.
-_TOKEN_VERSIONS: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("token_versions", default=None)
+__all__ = ["AsyncLLMServerManager", "SampleClient", "ServerHandle", "token_versions"]
 
 
-def record_token_versions() -> list[int]:
-    """From now on, in the calling asyncio task and the tasks it starts, record the weight version of each token that
-    :meth:`AsyncLLMServerManager.generate` returns; returns the list that fills, in the order the tokens came."""
-    versions: list[int] = []
-    _TOKEN_VERSIONS.set(versions)
+def token_versions(output: TokenOutput) -> list[int]:
+    """The weight version of each of ``output``'s tokens (an engine that reports no per-token versions: its
+    ``global_steps`` for every token; none known: ``[]``)."""
+    versions = list(output.weight_versions)
+    if len(versions) != len(output.token_ids):
+        last = output.extra_fields.get("global_steps")
+        versions = [] if last is None else [int(last)] * len(output.token_ids)
     return versions
 
 
-def note_token_versions(output: TokenOutput) -> None:
-    """Add the weight versions of ``output``'s tokens to the recorder :func:`record_token_versions` opened in this
-    task (nothing when none is open); a client other than :class:`AsyncLLMServerManager` calls it too."""
-    recorder = _TOKEN_VERSIONS.get()
-    if recorder is None:
-        return
-    versions = list(output.weight_versions)
-    if len(versions) != len(output.token_ids):  # an engine that reports no per-token versions: its last one
-        last = output.extra_fields.get("global_steps")
-        versions = [] if last is None else [int(last)] * len(output.token_ids)
-    recorder.extend(versions)
+class SampleClient:
+    """The server client one sample's agent loop is given: ``client`` (the worker's
+    :class:`AsyncLLMServerManager` or a veRL-style client) with every ``generate`` output's token versions recorded
+    in :attr:`token_versions`, in the order the outputs came, whatever the agent loop does with them. Everything
+    else is ``client``'s."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.token_versions: list[int] = []
+
+    async def generate(self, request_id: str, **kwargs: Any) -> TokenOutput:
+        """``client.generate``, its output's token versions recorded."""
+        output = await self.client.generate(request_id, **kwargs)
+        self.token_versions.extend(token_versions(output))
+        return output
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
 
 
 def _handle_key(handle: Any) -> Any:
@@ -211,7 +216,6 @@ class AsyncLLMServerManager:
                     image_data=image_data,
                     video_data=video_data,
                 )
-            note_token_versions(output)
             return output
         finally:
             self.outstanding[server] -= 1

@@ -39,7 +39,7 @@ from verl.experimental.agent_loop.postprocess import (
     rows_to_tensors,
     samples_to_batch,
 )
-from verl.experimental.agent_loop.server_manager import AsyncLLMServerManager, record_token_versions
+from verl.experimental.agent_loop.server_manager import AsyncLLMServerManager, SampleClient
 from verl.protocol import DataProto
 from verl.utils.rollout_trace import RolloutTraceConfig, rollout_trace_attr
 from verl.workers.config.builders import build_rollout_config
@@ -211,15 +211,15 @@ class AgentLoopWorkerBase:
         scorer: _Scorer | None,
         trace: dict[str, Any] | None = None,
     ) -> SampleResult:
+        client = SampleClient(self.server_manager)  # records the weight version of each token it returns
         loop = self._loop_factory(agent_name)(
             trainer_config=self._trainer_wrap,
-            server_manager=self.server_manager,
+            server_manager=client,
             tokenizer=self.tokenizer,
             processor=self.processor,
             dataset_cls=self.dataset_cls,
             dataset_config=self._data_wrap,
         )
-        token_versions = record_token_versions()  # this sample's task: its generate calls' token versions
         with rollout_trace_attr(name="agent_loop", **(trace or {})):
             output = await loop.run(sampling_params, **fields)
         if not isinstance(output, AgentLoopOutput):
@@ -229,7 +229,7 @@ class AgentLoopWorkerBase:
             )
         rollout = self.rollout_config
         rows = pad_sample(output, agent_name, rollout.prompt_length, rollout.response_length, self._pad_id())
-        result = SampleResult(agent_name, output, rows, token_versions=token_versions)
+        result = SampleResult(agent_name, output, rows, token_versions=client.token_versions)
         await self._score(result, fields, scorer)
         return result
 

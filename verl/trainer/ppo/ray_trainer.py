@@ -56,7 +56,12 @@ from verl.trainer.ppo.on_policy import old_log_prob_in_update
 from verl.trainer.ppo.profiling import TrainerProfiling
 from verl.trainer.ppo.reward import load_reward_fns
 from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode
-from verl.trainer.ppo.rollout_manager import CheckpointManager, create_rollout_manager, start_rollout_servers
+from verl.trainer.ppo.rollout_manager import (
+    CheckpointManager,
+    create_rollout_manager,
+    route_generation,
+    start_rollout_servers,
+)
 from verl.trainer.ppo.rollout_source import PromptStream, Rollouter, RolloutFilter, get_rollout_source_class
 from verl.trainer.ppo.stages import TrainerStages
 from verl.trainer.ppo.step_policy import StepPolicy
@@ -274,9 +279,10 @@ class RayPPOTrainer(
         self.checkpoint_manager = CheckpointManager(self.actor_rollout_wg, self.state, free_cache, receivers)
         if resident:  # the servers loaded the model from its path: they get the actor's weights as version 0
             self.checkpoint_manager.resync_weights()
-            self.actor_rollout_wg.generate_sequences = self.rollout_wg.generate_sequences
         if self.config.actor_rollout_ref.rollout.get("skip_rollout", False):
             RolloutSkip(self.config, self.async_rollout_manager).wrap_generate_sequences()
+        groups = {id(g): g for g in (self.actor_rollout_wg, self.rollout_wg)}  # one group, or training + servers
+        route_generation(self.async_rollout_manager, groups.values())
         logger.info("placement: %s", "; ".join(placement(self._groups_by_role())))
         self.on_init_end()
 

@@ -3,8 +3,9 @@
 - ``trainer.async_rollout_manager`` is an :class:`~verl.experimental.agent_loop.AgentLoopManager` (or the class
   ``rollout.agent.agent_loop_manager_class`` names): the trainer's one generation path — training, ReMax's greedy
   baseline, validation, and recipes' ``actor_rollout_wg.generate_sequences(batch)`` (routed to it by
-  :func:`create_rollout_manager`: one response per row, as veRL's, whose callers repeat the prompts ``rollout.n``
-  times first) all generate through the agent loops.
+  :func:`route_generation`: one response per row, as veRL's, whose callers repeat the prompts ``rollout.n``
+  times first) all generate through the agent loops. The workers have no batch generation of their own: their
+  engines serve requests (``generate``), which the agent loops send.
 - :class:`CheckpointManager` is ``trainer.checkpoint_manager``: ``update_weights()`` pushes the actor's weights
   into the rollout engines as the next weight version (and returns the sync's metrics), ``sleep_replicas()`` frees
   the engines' memory until the next push.
@@ -17,7 +18,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["CheckpointManager", "create_rollout_manager", "start_rollout_servers"]
+__all__ = ["CheckpointManager", "create_rollout_manager", "route_generation", "start_rollout_servers"]
 
 logger = logging.getLogger(__name__)
 
@@ -31,9 +32,8 @@ def create_rollout_manager(
     val_reward_fn: Any = None,
     step: Callable[[], int],
 ) -> Any:
-    """The trainer's ``async_rollout_manager`` over the actor-rollout worker group, and that group's
-    ``generate_sequences`` routed to it: one response per input row, as veRL's (callers repeat a prompt batch
-    ``rollout.n`` times first, ``gen_batch.repeat(repeat_times=n, interleave=True)``).
+    """The trainer's ``async_rollout_manager`` over the worker group whose engines serve the requests (the
+    actor-rollout group, or the rollout servers' group).
 
     ``rollout.agent.agent_loop_manager_class`` (a dotted path) replaces our manager; a class that is not an
     ``AgentLoopManager`` subclass gets veRL's arguments only (``config, worker_group``).
@@ -55,9 +55,20 @@ def create_rollout_manager(
         )
     else:
         manager = cls(config, worker_group=worker_group)
-    if isinstance(manager, AgentLoopManager):
-        worker_group.generate_sequences = manager.generate_sequences
     return manager
+
+
+def route_generation(manager: Any, worker_groups: Any) -> None:
+    """Make ``group.generate_sequences(batch)`` of each of ``worker_groups`` (the calls recipes written for veRL
+    make on ``actor_rollout_wg``) the manager's: one response per input row, as veRL's (callers repeat a prompt
+    batch ``rollout.n`` times first, ``gen_batch.repeat(repeat_times=n, interleave=True)``). The one place a
+    worker group's generation is set; a manager class of a recipe's own that is not an ``AgentLoopManager`` leaves
+    the groups untouched."""
+    from verl.experimental.agent_loop import AgentLoopManager
+
+    if isinstance(manager, AgentLoopManager):
+        for group in worker_groups:
+            group.generate_sequences = manager.generate_sequences
 
 
 def _server_group(pool: Any, worker_cls: Any, config: Any) -> Any:

@@ -145,7 +145,6 @@ class LLMServerClient:
                 f"generate({request_id!r}): audio_data / mm_processor_kwargs are not supported: our rollout engines "
                 "take token ids (and images / videos where the engine supports them)"
             )
-        from verl.experimental.agent_loop.server_manager import note_token_versions
         from verl.workers.rollout.request import sample_seed
 
         prompt_ids = as_token_ids(prompt_ids, f"generate({request_id!r}): prompt_ids")
@@ -169,7 +168,6 @@ class LLMServerClient:
             if self._in_flight.get(request_id, (None, None, None))[2] == server_side_id:
                 del self._in_flight[request_id]
         _fill_global_steps(output)
-        note_token_versions(output)
         return output
 
     async def abort(self, request_ids: Iterable[str] | None = None) -> dict[str, TokenOutput]:

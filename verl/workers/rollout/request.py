@@ -128,6 +128,7 @@ class GenerationPlan:
     pad: int
     seeds: list[int] | None
     response_length: int
+    ignore_eos: bool = False
 
     @property
     def rows(self) -> int:
@@ -190,6 +191,7 @@ def plan_generation(
         pad,
         seeds,
         config.response_length,
+        bool(config.ignore_eos),
     )
 
 
@@ -238,3 +240,46 @@ def assemble_output(
     tensors = {k: v.to(out_device) for k, v in tensors.items()}
     non_tensors = {k: np.repeat(v, plan.n, axis=0) for k, v in prompts.non_tensor_batch.items()}
     return DataProto.from_dict(tensors, non_tensors, meta_info=dict(prompts.meta_info))
+
+
+def plan_requests(plan: GenerationPlan, batch_id: str) -> list[tuple[str, list[int], dict[str, Any], None]]:
+    """The requests of a batch generation: ``(request_id, prompt_ids, sampling_params, None)`` for each sample
+    (rows · n, sample-major within a row), the batch's sampling settings and each sample's seed."""
+    params = plan.params
+    sampling: dict[str, Any] = {
+        "temperature": 0.0 if plan.greedy else float(params.temperature),
+        "top_p": 1.0 if plan.greedy else float(params.top_p),
+        "top_k": -1 if plan.greedy else int(params.top_k),
+        "max_tokens": plan.response_length,
+        "stop_token_ids": plan.eos_ids,
+        "ignore_eos": plan.ignore_eos,
+    }
+    requests = []
+    for row in range(plan.rows):
+        prompt_ids = plan.input_ids[row][plan.prompt_mask[row].bool()].tolist()
+        for j in range(plan.n):
+            i = row * plan.n + j
+            seed = None if plan.seeds is None else plan.seeds[i]
+            requests.append((f"{batch_id}-{i}", prompt_ids, {**sampling, "seed": seed}, None))
+    return requests
+
+
+def gather_output(prompts: DataProto, plan: GenerationPlan, outputs: list[Any]) -> DataProto:
+    """The rollout contract's output of a batch generation from its requests' ``TokenOutput`` (in
+    :func:`plan_requests`' order), with each sample's ``weight_version_ranges`` as the agent loops record them."""
+    if not outputs:
+        return assemble_output(prompts, plan, *plan.empty_outputs())
+    samples, resp_len = len(outputs), plan.response_length
+    responses = torch.full((samples, resp_len), plan.pad, dtype=torch.long)
+    log_probs = torch.zeros(samples, resp_len)
+    lengths = torch.zeros(samples, dtype=torch.long)
+    for i, output in enumerate(outputs):
+        n_tokens = len(output.token_ids)
+        lengths[i] = n_tokens
+        responses[i, :n_tokens] = torch.tensor(output.token_ids, dtype=torch.long)
+        log_probs[i, :n_tokens] = torch.tensor(output.log_probs, dtype=torch.float32)
+    out = assemble_output(prompts, plan, responses, log_probs, lengths)
+    ranges = np.empty(samples, dtype=object)  # each sample's (start, end, version) runs
+    ranges[:] = [[list(run) for run in output.weight_version_ranges()] for output in outputs]
+    out.non_tensor_batch["weight_version_ranges"] = ranges
+    return out

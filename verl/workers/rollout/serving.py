@@ -36,12 +36,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import torch
-
 from verl.protocol import DataProto
 from verl.workers.rollout.replica import TokenOutput
-from verl.workers.rollout.request import as_token_ids, assemble_output, plan_generation, sample_seed
+from verl.workers.rollout.request import as_token_ids, gather_output, plan_generation, plan_requests, sample_seed
 
 __all__ = ["RequestServing", "RequestState", "SamplingSpec", "resolve_sampling_params"]
 
@@ -412,40 +409,8 @@ class RequestServing:
         submitted together and gathered."""
         self._check_ready()
         plan = plan_generation(prompts, self.config, self._default_eos, self._default_pad, self._vocab_size)
-        if not plan.rows:
-            return assemble_output(prompts, plan, *plan.empty_outputs())
-        params = plan.params
-        sampling: dict[str, Any] = {
-            "temperature": 0.0 if plan.greedy else float(params.temperature),
-            "top_p": 1.0 if plan.greedy else float(params.top_p),
-            "top_k": -1 if plan.greedy else int(params.top_k),
-            "max_tokens": plan.response_length,
-            "stop_token_ids": plan.eos_ids,
-            "ignore_eos": self.config.ignore_eos,
-        }
-        batch_id = uuid.uuid4().hex
-        requests = []
-        for row in range(plan.rows):
-            prompt_ids = plan.input_ids[row][plan.prompt_mask[row].bool()].tolist()
-            for j in range(plan.n):
-                i = row * plan.n + j
-                seed = None if plan.seeds is None else plan.seeds[i]
-                requests.append((f"{batch_id}-{i}", prompt_ids, {**sampling, "seed": seed}, None))
-        outputs = [future.result() for future in self.submit_many(requests)]
-        samples, resp_len = len(outputs), plan.response_length
-        responses = torch.full((samples, resp_len), plan.pad, dtype=torch.long)
-        log_probs = torch.zeros(samples, resp_len)
-        lengths = torch.zeros(samples, dtype=torch.long)
-        for i, output in enumerate(outputs):
-            n_tokens = len(output.token_ids)
-            lengths[i] = n_tokens
-            responses[i, :n_tokens] = torch.tensor(output.token_ids, dtype=torch.long)
-            log_probs[i, :n_tokens] = torch.tensor(output.log_probs, dtype=torch.float32)
-        out = assemble_output(prompts, plan, responses, log_probs, lengths)
-        ranges = np.empty(samples, dtype=object)  # each sample's (start, end, version) runs, as the agent loops'
-        ranges[:] = [[list(run) for run in output.weight_version_ranges()] for output in outputs]
-        out.non_tensor_batch["weight_version_ranges"] = ranges
-        return out
+        outputs = [future.result() for future in self.submit_many(plan_requests(plan, uuid.uuid4().hex))]
+        return gather_output(prompts, plan, outputs)
 
     # ------------------------------------------------------------------ the engine thread
     @contextlib.contextmanager
