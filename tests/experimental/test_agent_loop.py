@@ -20,6 +20,7 @@ import torch
 from omegaconf import OmegaConf
 
 from tests.cli_runs import Prepared, cli_run, needs
+from tests.workers.engine_requests import generate
 from verl.experimental.agent_loop import AgentLoopManager, AgentLoopOutput, AsyncLLMServerManager, DictConfigWrap
 from verl.experimental.agent_loop.agent_loop import agent_loop_target, load_agent_loop_configs
 from verl.experimental.agent_loop.postprocess import version_ranges
@@ -199,9 +200,11 @@ def prompt_batch(assets, rows: int = ROWS, **columns) -> DataProto:
     return batch
 
 
-def engine_batch_call(wg, rank: int, rows: DataProto) -> DataProto:
-    """The engine's own batch call (``generate_sequences``) on one rank, bypassing the group's dispatch."""
-    return ray.get(getattr(wg.workers[rank], f"{wg.method_prefix}generate_sequences").remote(rows))
+def engine_batch_call(config, wg, rank: int, rows: DataProto) -> DataProto:
+    """The engine's own batch of ``rows`` on one rank: every sample's request submitted together, bypassing the
+    agent loops (tests/workers/engine_requests.py)."""
+    model_path = config.actor_rollout_ref.model.path
+    return generate(wg, rows, config.actor_rollout_ref.rollout, model_path=model_path, ranks=[rank])
 
 
 def test_single_turn_agent_loop_equals_the_engines_batch_call(hybrid, assets):
@@ -209,7 +212,7 @@ def test_single_turn_agent_loop_equals_the_engines_batch_call(hybrid, assets):
     tokens and log-probs of the engines' own batch call on the same samples, bit for bit, sampled and greedy: the
     first requests of a batch reach each replica as one wave, so each engine batches exactly what the batch call
     batches (sample k goes to replica k % 2)."""
-    _, wg, manager = hybrid
+    config, wg, manager = hybrid
     for meta, n in (({"global_steps": 3}, 2), ({"global_steps": 3, "validate": True}, 1)):
         prompts = prompt_batch(assets)
         prompts.meta_info.update(meta)
@@ -222,7 +225,7 @@ def test_single_turn_agent_loop_equals_the_engines_batch_call(hybrid, assets):
         samples.meta_info["n"] = 1
         for rank in (0, 1):
             rows = list(range(rank, len(samples), 2))
-            direct = engine_batch_call(wg, rank, samples.select_idxs(rows))
+            direct = engine_batch_call(config, wg, rank, samples.select_idxs(rows))
             for key in ("prompts", "responses", "attention_mask", "position_ids", "response_mask"):
                 assert torch.equal(looped.batch[key][rows], direct.batch[key]), (meta, rank, key)
             assert torch.equal(looped.batch["rollout_log_probs"][rows], direct.batch["rollout_log_probs"])

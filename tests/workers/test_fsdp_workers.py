@@ -20,6 +20,7 @@ from verl.protocol import DataProto
 from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from verl.workers.actor import DataParallelPPOActor
 from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
+from verl.workers.rollout_worker import RolloutServerWorker
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -251,21 +252,22 @@ def test_wrong_role_calls_are_clear(ray_cluster, tiny_model_dir):
             wg.update_actor(prompts())
         with pytest.raises(Exception, match="update_weights on a worker of role 'ref', which has no actor"):
             wg.update_weights(version=1)
-        with pytest.raises(Exception, match="weight_receiver on a worker of role 'ref': only a rollout server"):
-            wg.weight_receiver("begin", 1)
         with pytest.raises(Exception, match="connect_rollout_server on a worker of role 'ref'"):
             wg.connect_rollout_server([None])
         with pytest.raises(Exception, match="connect_weight_group on a worker of role 'ref'"):
             wg.connect_weight_group("127.0.0.1", 1, 2)
-        server_calls = (("join_weight_group", ("127.0.0.1", 1, 2)), ("receive_weights", ()), ("apply_weights", (1,)))
-        for call, args in server_calls:
-            with pytest.raises(Exception, match=f"{call} on a worker of role 'ref': only a rollout server"):
-                getattr(wg, call)(*args)
+        # the receiving side is the rollout server's class alone: a training worker has no such calls
+        for call in ("weight_receiver", "join_weight_group", "receive_weights", "apply_weights"):
+            assert not hasattr(wg, call) and hasattr(RolloutServerWorker, call), call
     finally:
         wg.shutdown()
         pool.release()
     with pytest.raises(ValueError, match="role='critic'"):
         ActorRolloutRefWorker(arr_config(tiny_model_dir), role="critic")
+    with pytest.raises(ValueError, match="role='rollout'.*RolloutServerWorker"):
+        ActorRolloutRefWorker(arr_config(tiny_model_dir), role="rollout")
+    with pytest.raises(ValueError, match="RolloutServerWorker role='actor'"):
+        RolloutServerWorker(arr_config(tiny_model_dir), role="actor")
 
 
 def test_critic_and_reward_model_workers(ray_cluster, tiny_model_dir, hybrid):

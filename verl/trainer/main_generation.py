@@ -5,7 +5,7 @@ tokenizer's chat template, generates ``data.n_samples`` responses per prompt and
 ``data.output_path`` with a ``responses`` column: a list of ``n_samples`` strings per row (special tokens skipped).
 
 The responses come from the trainer's own generation path: a `RayWorkerGroup` of ``trainer.n_gpus_per_node ×
-trainer.nnodes`` `ActorRolloutRefWorker` processes with ``role="rollout"`` (the engine ``rollout.name`` loads
+trainer.nnodes`` `RolloutServerWorker` processes (role ``rollout``; the engine ``rollout.name`` loads
 ``model.path``), driven by the trainer's generation path: the `AgentLoopManager` with the single-turn agent loop.
 Prompts are left-padded the way `RLHFDataset` makes them (this module's ``GenerationPrompts`` is that dataset, checking
 only the prompt column and keeping every row), ``data.batch_size`` prompts at a time, each prompt repeated ``n_samples``
@@ -325,7 +325,7 @@ def generate(config: DictConfig) -> str:
     from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
     from verl.trainer.main_ppo import load_tokenizer
     from verl.utils.import_utils import import_external_libs
-    from verl.workers.fsdp_workers import ActorRolloutRefWorker
+    from verl.workers.rollout_worker import RolloutServerWorker
 
     data, model, n = config.data, config.model, config.data.n_samples
     model.path = os.path.expanduser(model.path)
@@ -335,7 +335,7 @@ def generate(config: DictConfig) -> str:
     world = [config.trainer.n_gpus_per_node] * config.trainer.nnodes
     pool = RayResourcePool(world, use_gpu=config.trainer.device != "cpu", max_colocate_count=1)
     worker_config = OmegaConf.create({"model": model, "rollout": config.rollout})
-    cls = RayClassWithInitArgs(ActorRolloutRefWorker, config=worker_config, role="rollout")
+    cls = RayClassWithInitArgs(RolloutServerWorker, config=worker_config, role="rollout")
     group = None
     responses: list[list[str]] = []
     try:

@@ -1,4 +1,5 @@
-"""The FSDP workers the driver talks to: actor/rollout/ref (hybrid engine), critic and reward model.
+"""The FSDP training workers the driver talks to: actor/ref, with a rollout engine in the hybrid engine; critic and
+reward model. A rollout server without training code is :class:`~verl.workers.rollout_worker.RolloutServerWorker`.
 
 Thin by design: each registered method moves data in and out and delegates to the training engine
 (`verl.workers.engine`), the actor/critic algorithms (`DataParallelPPOActor` / `DataParallelPPOCritic`), the rollout
@@ -11,33 +12,28 @@ engine's memory, ``wake_up`` restores it. Generation never syncs weights: an eng
 refuses to generate until the next push, and one generating while the actor has been updated since the last push
 logs a warning (its samples come from the older version, which they record).
 
-The rollout worker is also a *server*: ``generate(request_id, *, prompt_ids, sampling_params, ...)`` (veRL's server
-call) and ``abort_requests`` are :func:`~verl.single_controller.base.decorator.server_method` s, which Ray runs in
-the actor's own concurrency group on its own event loop — many requests in flight at once, each an awaiting
-coroutine, while the registered (training) methods run one at a time in the default group. A training call that
-arrives while requests are in flight is refused (``trainer.mode=sync`` trains only between generations).
+A hybrid worker is also a *server* (:class:`~verl.workers.rollout_worker.RolloutServing`: ``generate``,
+``generate_wave``, ``abort_requests``, run on their own event loop while the registered training methods run one
+at a time). A training call that arrives while requests are in flight is refused (``trainer.mode=sync`` trains
+only between generations).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import torch
 from omegaconf import OmegaConf
 
 from verl.protocol import DataProto
-from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import (
     Dispatch,
     make_nd_compute_dataproto_dispatch_fn,
     register,
-    server_method,
 )
 from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 from verl.utils.distributed import initialize_global_process_group
@@ -60,6 +56,7 @@ from verl.workers.engine.sharding import create_device_mesh, get_sharding_strate
 from verl.workers.engine.snapshots import ParameterSnapshots
 from verl.workers.profiled_worker import ProfiledWorker
 from verl.workers.remote_rollout import RemoteRolloutWeights
+from verl.workers.rollout_worker import RolloutServing, register_meshes
 
 __all__ = [
     "ActorRolloutRefWorker",
@@ -74,28 +71,27 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-ROLES = ("actor", "rollout", "ref", "actor_ref", "actor_rollout", "actor_rollout_ref")
-MESHES = ("actor", "rollout", "ref", "critic", "reward")
+ROLES = ("actor", "ref", "actor_ref", "actor_rollout", "actor_rollout_ref")
 
 
-def _register_meshes(worker: Worker) -> None:
-    # Pure data parallelism: every rank is its own dp rank and is collected, under every mesh name.
-    for mesh in MESHES:
-        worker._register_dispatch_collect_info(mesh, dp_rank=worker.rank, is_collect=True)
-
-
-class ActorRolloutRefWorker(ProfiledWorker, RemoteRolloutWeights, fsdp_legacy.LegacyWorkerAPI):
+class ActorRolloutRefWorker(RolloutServing, RemoteRolloutWeights, fsdp_legacy.LegacyWorkerAPI):
     """Actor (trainer), rollout engine and/or reference policy in one process.
 
     Roles ``actor_rollout`` / ``actor_rollout_ref`` are the hybrid engine; ``actor`` / ``actor_ref`` train and push
-    their weights to a rollout server of role ``rollout`` in another process (:mod:`verl.workers.remote_rollout`).
+    their weights to rollout servers in other processes (:mod:`verl.workers.remote_rollout`;
+    :class:`~verl.workers.rollout_worker.RolloutServerWorker`).
 
     Args:
         config: the ``actor_rollout_ref`` config (``model``, ``actor``, ``rollout``, ``ref``).
-        role: ``actor`` | ``rollout`` | ``ref`` | ``actor_ref`` | ``actor_rollout`` | ``actor_rollout_ref``.
+        role: ``actor`` | ``ref`` | ``actor_ref`` | ``actor_rollout`` | ``actor_rollout_ref``.
     """
 
     def __init__(self, config: Any, role: str, **kwargs: Any) -> None:
+        if role == "rollout":
+            raise ValueError(
+                "ActorRolloutRefWorker role='rollout': a rollout server without training code is "
+                "verl.workers.rollout_worker.RolloutServerWorker"
+            )
         if role not in ROLES:
             raise ValueError(f"ActorRolloutRefWorker role={role!r}; use one of {list(ROLES)}")
         distillation = kwargs.get("distillation_config")  # veRL 0.10's argument
@@ -107,11 +103,11 @@ class ActorRolloutRefWorker(ProfiledWorker, RemoteRolloutWeights, fsdp_legacy.Le
         self.config = OmegaConf.create(config) if isinstance(config, dict) else config
         self.role = self.profile_role = role
         self._is_actor = trains
-        self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
+        self._is_rollout = role in ("actor_rollout", "actor_rollout_ref")
         self._is_ref = role in ("ref", "actor_ref", "actor_rollout_ref")
         initialize_global_process_group()
         self.model_config = build_model_config(config["model"])
-        self.rollout_config = build_rollout_config(config["rollout"]) if self._is_rollout or self._is_actor else None
+        self.rollout_config = build_rollout_config(config["rollout"]) if self._is_actor else None
         self.actor_config = None
         if self._is_actor:
             rollout_n = self.rollout_config.n if self.rollout_config is not None else 1
@@ -125,9 +121,8 @@ class ActorRolloutRefWorker(ProfiledWorker, RemoteRolloutWeights, fsdp_legacy.Le
         self._ref_in_actor = self._is_ref and self._is_actor and self.lora is not None
         self._base_synced = False  # with LoRA, pushes after the first carry the adapters only
         self.verify_weight_sync = bool(int(os.environ.get("VERL_VERIFY_WEIGHT_SYNC", "0")))
-        self._rollout_asleep = False  # the engine's memory is released (sleep); says nothing about its weights
         self._actor_ahead = False  # the actor changed since the last push (update_actor, load_checkpoint)
-        _register_meshes(self)
+        register_meshes(self)
 
     # ------------------------------------------------------------------ set-up
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -174,51 +169,9 @@ class ActorRolloutRefWorker(ProfiledWorker, RemoteRolloutWeights, fsdp_legacy.Le
             )
 
     # ------------------------------------------------------------------ rollout
-    @server_method
-    async def generate(
-        self,
-        request_id: str,
-        *,
-        prompt_ids: list[int],
-        sampling_params: dict[str, Any] | None = None,
-        image_data: Any = None,
-        video_data: Any = None,
-    ) -> Any:
-        """One request to this worker's rollout engine (veRL's server call): returns its ``TokenOutput``."""
-        self._check_serving(f"generate({request_id!r})")
-        return await self.rollout.generate(
-            request_id,
-            prompt_ids=prompt_ids,
-            sampling_params=sampling_params,
-            image_data=image_data,
-            video_data=video_data,
-        )
-
-    @server_method
-    async def generate_wave(self, requests: list[dict[str, Any]]) -> AsyncIterator[tuple[int, Any]]:
-        """Requests (``request_id``, ``prompt_ids``, ``sampling_params``) submitted to the engine together — one
-        batch, in this order — streaming ``(index, TokenOutput)`` as each finishes (call it with
-        ``num_returns="streaming"``)."""
-        self._check_serving(f"generate_wave({len(requests)} requests)")
-        futures = self.rollout.submit_many(
-            [(r["request_id"], r["prompt_ids"], r.get("sampling_params"), None) for r in requests]
-        )
-        index = {asyncio.wrap_future(future): i for i, future in enumerate(futures)}
-        pending = set(index)
-        while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for future in done:
-                yield index[future], future.result()
-
     def _check_serving(self, call: str) -> None:
-        """Refuse ``call`` (a generation) on a worker without a rollout engine or with a sleeping one."""
-        if not self._is_rollout:
-            raise RuntimeError(f"{call} on a worker of role {self.role!r}, which has no rollout engine")
-        if self._rollout_asleep:
-            raise RuntimeError(
-                f"{call} on rank {self.rank}: the rollout engine is asleep (its memory is "
-                "released); push the weights (checkpoint_manager.update_weights()) or wake it first"
-            )
+        """The server's checks, and a warning when the engine serves weights older than the actor's."""
+        super()._check_serving(call)
         if self._actor_ahead:
             self._actor_ahead = False  # warned once per push
             logger.warning(
@@ -226,26 +179,6 @@ class ActorRolloutRefWorker(ProfiledWorker, RemoteRolloutWeights, fsdp_legacy.Le
                 "call checkpoint_manager.update_weights() after update_actor to generate with the new weights",
                 self.rank,
                 self.rollout.weight_version,
-            )
-
-    @server_method
-    async def abort_requests(self, request_ids: list[str] | None = None) -> dict[str, Any]:
-        """Abort requests in flight (None: all); returns each one's partial ``TokenOutput`` by request id."""
-        return await asyncio.to_thread(self.rollout.abort, request_ids)
-
-    def _check_idle(self, what: str) -> None:
-        """Refuse a training call while generation requests are in flight in any rank's engine (every rank decides
-        together, so no rank is left waiting in a collective)."""
-        in_flight = self.rollout.num_requests() if self._is_rollout and hasattr(self, "rollout") else 0
-        total = in_flight
-        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-            count = torch.tensor([in_flight], dtype=torch.int64)
-            torch.distributed.all_reduce(count)
-            total = int(count)
-        if total:
-            raise RuntimeError(
-                f"{what}: {total} generation request(s) are in flight ({in_flight} on rank {self.rank}): "
-                "trainer.mode=sync runs training calls only between generations"
             )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -279,43 +212,6 @@ class ActorRolloutRefWorker(ProfiledWorker, RemoteRolloutWeights, fsdp_legacy.Le
         self._base_synced = True
         stats["adapters_only"] = float(adapters_only)
         return {f"weight_sync/{k}": v for k, v in stats.items()}
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def sleep(self) -> int:
-        """Put the rollout engine to sleep (free its weights and KV cache where it can); returns the bytes it still
-        holds."""
-        self._check_idle("sleep")
-        self.rollout.sleep()
-        self._rollout_asleep = True
-        return self.rollout.memory_bytes()
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def wake_up(self) -> int:
-        """Restore a sleeping rollout engine's memory (weights and KV cache); returns the bytes it holds. Memory
-        only: an engine that dropped its weights (the hf engine) holds no values until the next weight push and
-        refuses to generate until then."""
-        if self._rollout_asleep:
-            self.rollout.wake_up(["weights", "kv_cache"])
-            self._rollout_asleep = False
-        return self.rollout.memory_bytes()
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def set_weight_sync_verification(self, enabled: bool) -> None:
-        """Check every weight sync bit for bit (always on in tests; env ``VERL_VERIFY_WEIGHT_SYNC=1``). Call it
-        before ``init_model``: without verification a vLLM engine on CPU is built with packed, write-only weights."""
-        if enabled and not getattr(getattr(self, "rollout", None), "readable_weights", True):
-            raise RuntimeError(
-                "set_weight_sync_verification(True) after init_model: this vLLM engine was built with packed CPU "
-                "weights, which cannot be read back to verify; enable verification before init_model"
-            )
-        self.verify_weight_sync = bool(enabled)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def rollout_named_weight_digests(self) -> dict[str, str]:
-        """Digests of the rollout engine's weights (for tests and debugging)."""
-        from verl.checkpoint_engine import tensor_digest
-
-        return {name: tensor_digest(t) for name, t in self.rollout.named_weights()}
 
     # ------------------------------------------------------------------ actor / ref
     def _log_prob_meta(self, data: DataProto, micro: int | None, dynamic_bsz: bool, max_token_len: int) -> DataProto:
@@ -461,7 +357,7 @@ class CriticWorker(ProfiledWorker):
         super().__init__(config["model"].get("external_lib"), config.get("profiler"))
         initialize_global_process_group()
         self.config = build_critic_config(config, dp_size=self.world_size)
-        _register_meshes(self)
+        register_meshes(self)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -522,7 +418,7 @@ class RewardModelWorker(ProfiledWorker):
         super().__init__(config["model"].get("external_lib"), config.get("profiler"))
         initialize_global_process_group()
         self.config = config
-        _register_meshes(self)
+        register_meshes(self)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:

@@ -1,21 +1,21 @@
-"""Both ends of the weight push between a training worker and a rollout server in another process of its node.
+"""The sending end of the weight push from a training worker to rollout servers in other processes (the receiving
+end is :class:`~verl.workers.rollout_worker.RolloutServerWorker`).
 
 In ``trainer.mode=colocate_async`` the rollout engines are *resident servers*: workers of role ``rollout`` that
 share each placement-group bundle with a training worker (role ``actor`` / ``actor_ref``) and keep their weights
 and KV cache while the trainer updates. The training worker of rank r pushes to the server of rank r through the
 ``shm`` checkpoint engine (:mod:`verl.checkpoint_engine.shm`): it connects once
 (:meth:`RemoteRolloutWeights.connect_rollout_server`), then every ``update_weights(version)`` writes the buckets
-into the shared buffer and the server loads them (:meth:`RemoteRolloutWeights.weight_receiver`), verified by digest
-when asked. The messages are direct Ray calls from worker to worker; nothing goes through the driver.
+into the shared buffer and the server loads them (its ``weight_receiver``), verified by digest when asked. The
+messages are direct Ray calls from worker to worker; nothing goes through the driver.
 
 In ``trainer.mode=separate_async`` the servers are on a pool of their own, possibly other nodes: the training
-workers and the servers join one process group for the push (:meth:`RemoteRolloutWeights.connect_weight_group` /
-:meth:`RemoteRolloutWeights.join_weight_group`, backend ``gloo`` or ``nccl``), training rank 0 broadcasts every
-push to all servers, which *stage* it beside their engines (:meth:`RemoteRolloutWeights.receive_weights`) while
-they go on generating; the driver then says which staged version each engine loads, and when
-(:meth:`RemoteRolloutWeights.apply_weights`). A training worker with an engine of its own (role ``actor_rollout``:
-``separate_async``'s hybrid switch lends it to generation) joins the group too; its ``update_weights(to=...)`` says
-which of the two a push reaches.
+workers and the servers join one process group for the push (:meth:`RemoteRolloutWeights.connect_weight_group`,
+the servers' ``join_weight_group``; backend ``gloo`` or ``nccl``), training rank 0 broadcasts every push to all
+servers, which *stage* it beside their engines (``receive_weights``) while they go on generating; the driver then
+says which staged version each engine loads, and when (``apply_weights``). A training worker with an engine of its
+own (role ``actor_rollout``: ``separate_async``'s hybrid switch lends it to generation) joins the group too; its
+``update_weights(to=...)`` says which of the two a push reaches.
 """
 
 from __future__ import annotations
@@ -27,31 +27,20 @@ import ray
 
 from verl.checkpoint_engine import get_checkpoint_engine
 from verl.checkpoint_engine.base import _to_dtype
-from verl.checkpoint_engine.collective import (
-    BroadcastReceiver,
-    BroadcastSender,
-    NotSending,
-    StagedWeights,
-    weight_group,
-)
-from verl.checkpoint_engine.shm import ShmRolloutClient, ShmWeightReceiver, buffer_bytes
+from verl.checkpoint_engine.collective import BroadcastSender, NotSending, weight_group
+from verl.checkpoint_engine.shm import ShmRolloutClient, buffer_bytes
 from verl.single_controller.base.decorator import Dispatch, register
 
 __all__ = ["RemoteRolloutWeights"]
 
 logger = logging.getLogger(__name__)
 
-RECEIVER_OPS = ("begin", "load", "end", "weight_digests")
-
 
 class RemoteRolloutWeights:
-    """Mixin of :class:`~verl.workers.fsdp_workers.ActorRolloutRefWorker`: the training side connects to a rollout
-    server, the server side receives (see the module docstring)."""
+    """Mixin of :class:`~verl.workers.fsdp_workers.ActorRolloutRefWorker`: the training side of the push to rollout
+    servers (see the module docstring)."""
 
     _remote_rollout: ShmRolloutClient | BroadcastSender | NotSending | None = None
-    _weight_receiver: ShmWeightReceiver | None = None
-    _broadcast_receiver: BroadcastReceiver | None = None
-    _staged: StagedWeights | None = None
     _servers_engine: Any = None  # a worker with an engine of its own: the checkpoint engine of its pushes to servers
 
     def _check_pusher(self, call: str, own_engine_allowed: bool = False) -> None:
@@ -61,10 +50,6 @@ class RemoteRolloutWeights:
                 "own (role actor or actor_ref) pushes to rollout servers"
                 + ("" if own_engine_allowed else " through shared memory")
             )
-
-    def _check_server(self, call: str) -> None:
-        if not self._is_rollout or self._is_actor:
-            raise RuntimeError(f"{call} on a worker of role {self.role!r}: only a rollout server receives weights")
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def connect_rollout_server(self, servers: list[Any], method_prefix: str = "") -> int:
@@ -94,23 +79,6 @@ class RemoteRolloutWeights:
         logger.info("rank %d pushes weights to its rollout server through %d shared bytes", self.rank, nbytes)
         return nbytes
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def weight_receiver(self, op: str, *args: Any) -> Any:
-        """Server side, called by the training worker that pushes to this one: ``open(path, nbytes)`` maps its
-        shared buffer; ``begin(version)`` / ``load(slots)`` / ``end()`` / ``weight_digests()`` are those of
-        :class:`~verl.checkpoint_engine.shm.ShmWeightReceiver`."""
-        self._check_server("weight_receiver")
-        if op == "open":
-            if self._weight_receiver is not None:
-                self._weight_receiver.close()
-            self._weight_receiver = ShmWeightReceiver(self.rollout, *args)
-            return None
-        if op not in RECEIVER_OPS:
-            raise ValueError(f"weight_receiver: unknown operation {op!r}; use open or one of {list(RECEIVER_OPS)}")
-        if self._weight_receiver is None:
-            raise RuntimeError(f"weight_receiver({op!r}) before open: no training worker is connected")
-        return getattr(self._weight_receiver, op)(*args)
-
     # ------------------------------------------------------------------ the push across pools
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def weight_group_address(self) -> tuple[str, int]:
@@ -139,38 +107,6 @@ class RemoteRolloutWeights:
         else:
             self._remote_rollout = NotSending()
         logger.info("rank %d joined the weight push to %d rollout server(s)", self.rank, world_size - 1)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def join_weight_group(
-        self, host: str, port: int, world_size: int, backend: str = "gloo", timeout_s: float = 600.0
-    ) -> None:
-        """Server side: join the push's process group as rank ``1 + this server's rank``; pushes are staged beside
-        the engine (:meth:`receive_weights`) until :meth:`apply_weights` loads one."""
-        self._check_server("join_weight_group")
-        self._staged = StagedWeights()
-        group = weight_group(host, port, 1 + self.rank, world_size, backend, timeout_s)
-        self._broadcast_receiver = BroadcastReceiver(group, self._staged, device="cpu" if backend == "gloo" else "cuda")
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def receive_weights(self) -> int | None:
-        """Server side: take part in one push (called before the trainer's ``update_weights``, returns when it
-        ends): its tensors are staged, the engine goes on generating. Returns the staged version (None: the
-        trainer closed the group)."""
-        self._check_server("receive_weights")
-        if self._broadcast_receiver is None:
-            raise RuntimeError(f"receive_weights on rollout server {self.rank}: it joined no weight group")
-        return self._broadcast_receiver.receive()
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def apply_weights(self, version: int, drop_older: bool = True) -> int:
-        """Server side: load staged weight ``version`` into the engine (between two of its decode steps; the older
-        staged versions are dropped unless ``drop_older`` is false), verified bit for bit when asked; returns the
-        engine's version."""
-        self._check_server("apply_weights")
-        if self._staged is None:
-            raise RuntimeError(f"apply_weights on rollout server {self.rank}: it joined no weight group")
-        self._staged.apply(self.rollout, int(version), verify=self.verify_weight_sync, drop_older=drop_older)
-        return int(self.rollout.weight_version)
 
     def _weight_target(self, to: str | None = None) -> Any:
         """Where ``update_weights`` loads the actor's weights: ``to="engine"``, the engine of this worker (hybrid);

@@ -270,8 +270,10 @@ class RayPPOTrainer(
         self.actor_rollout_wg.init_model()
         if resident:  # beside the training workers, or on the rollout pool
             server_pool = self.resource_pool_manager.get_resource_pool(Role.Rollout) if separate else pool
-            worker_cls, actor_wg = self.role_worker_mapping[arr_role], self.actor_rollout_wg
-            self.rollout_wg = start_rollout_servers(server_pool, worker_cls, self.config, actor_wg, separate)
+            server_cls = self.role_worker_mapping.get(Role.Rollout)  # a recipe's own server class, if it maps one
+            self.rollout_wg = start_rollout_servers(
+                server_pool, self.config, self.actor_rollout_wg, separate, server_cls
+            )
         if not early:
             self._create_rollout_manager()
         free_cache = self.config.actor_rollout_ref.rollout.free_cache_engine and not resident

@@ -71,13 +71,15 @@ def route_generation(manager: Any, worker_groups: Any) -> None:
             group.generate_sequences = manager.generate_sequences
 
 
-def _server_group(pool: Any, worker_cls: Any, config: Any) -> Any:
+def _server_group(pool: Any, server_cls: Any, config: Any) -> Any:
     """A worker group of role ``rollout`` on ``pool`` (each server in a process of its own, its engine built from
-    the model path)."""
+    the model path): ``server_cls``, default :class:`~verl.workers.rollout_worker.RolloutServerWorker`."""
     from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
     from verl.single_controller.ray.colocated import remote_worker_class
+    from verl.workers.rollout_worker import RolloutServerWorker
 
-    cls = remote_worker_class(getattr(worker_cls, "__ray_actor_class__", worker_cls))
+    server_cls = server_cls or RolloutServerWorker
+    cls = remote_worker_class(getattr(server_cls, "__ray_actor_class__", server_cls))
     servers = RayWorkerGroup(
         pool,
         RayClassWithInitArgs(cls, config=config.actor_rollout_ref, role="rollout"),
@@ -87,13 +89,13 @@ def _server_group(pool: Any, worker_cls: Any, config: Any) -> Any:
     return servers
 
 
-def _start_separate_servers(pool: Any, worker_cls: Any, config: Any, actor_wg: Any) -> Any:
+def _start_separate_servers(pool: Any, server_cls: Any, config: Any, actor_wg: Any) -> Any:
     """Rollout servers on a pool of their own (``trainer.mode=separate_async``): a worker group of role ``rollout``
     on ``pool``, joined with the training workers in the weight push's process group (training rank 0 hosts it and
     broadcasts; the servers stage what they receive). The caller pushes the actor's weights before they generate."""
     import ray
 
-    servers = _server_group(pool, worker_cls, config)
+    servers = _server_group(pool, server_cls, config)
     engine = config.actor_rollout_ref.rollout.checkpoint_engine
     host, port = actor_wg.weight_group_address()[0]
     world = 1 + servers.world_size
@@ -104,15 +106,16 @@ def _start_separate_servers(pool: Any, worker_cls: Any, config: Any, actor_wg: A
     return servers
 
 
-def start_rollout_servers(pool: Any, worker_cls: Any, config: Any, actor_wg: Any, separate: bool = False) -> Any:
-    """Resident rollout servers beside the training workers: a worker group of role ``rollout`` on the bundles of
+def start_rollout_servers(pool: Any, config: Any, actor_wg: Any, separate: bool = False, server_cls: Any = None) -> Any:
+    """Resident rollout servers beside the training workers: a worker group of role ``rollout`` (``server_cls``,
+    default :class:`~verl.workers.rollout_worker.RolloutServerWorker`) on the bundles of
     ``pool`` (one server per training rank, each in a process of its own, its engine built from the model path),
     each connected to the training worker of its rank for the weight push (``actor_wg.connect_rollout_server``);
     with ``separate``, on a pool of their own (see :func:`_start_separate_servers`). The caller pushes the actor's
     weights before the servers generate."""
     if separate:
-        return _start_separate_servers(pool, worker_cls, config, actor_wg)
-    servers = _server_group(pool, worker_cls, config)
+        return _start_separate_servers(pool, server_cls, config, actor_wg)
+    servers = _server_group(pool, server_cls, config)
     nbytes = actor_wg.connect_rollout_server(servers.workers, getattr(servers, "method_prefix", ""))
     logger.info("%d rollout server(s) beside the training workers, %s shared bytes each", len(nbytes), nbytes[0])
     return servers
