@@ -299,15 +299,45 @@ DESCRIPTIONS |= {
     "reward.reward_manager.source": "`register`: `reward.reward_manager.name` names a registered manager; "
     "`importlib`: load a class from `reward.reward_manager.module.path`.",
     "reward.reward_manager.name": "Registered reward manager: `naive` (one `compute_score` call per sample), "
-    "`batch` (one call per batch), `dapo` (naive plus the overlong penalty) or `gdpo`.",
+    "`batch` (one call per batch), `dapo` (naive plus the overlong penalty), `gdpo`, or a reward-loop manager "
+    "(veRL 0.10's contract, `async run_single` per sample): `rate_limited` (within `reward.max_concurrent` / "
+    "`max_rpm` / `max_tpm` / `timeout`), `remote` (in `reward.num_workers` separate processes) or a user's "
+    "([rewards.md](rewards.md)).",
     "reward.reward_manager.module.path": "File of a custom reward-manager class (`source: importlib`).",
     "reward.reward_manager.module.name": "Class name in that file.",
-    "reward.reward_model.enable": "Score responses with a reward model (`RewardModelWorker`, whose other settings "
-    "are `reward_model.*`): its score at the last response token (`rm_scores`) is the reward.",
-    "reward.reward_model.enable_resource_pool": "Give the reward model its own resource pool.",
-    "reward.reward_model.n_gpus_per_node": "Devices per node of that pool.",
+    "reward.reward_model.enable": "Use a reward model. With `reward.custom_reward_function.path` it is served "
+    "(replicas of `reward.reward_model.rollout.name` behind a router whose address reaches the function as "
+    "`reward_router_address`: a generative judge, [rewards.md](rewards.md)); without, `RewardModelWorker` scores "
+    "each response (`rm_scores` at its last token).",
+    "reward.reward_model.enable_resource_pool": "Give the reward model its own resource pool (a served judge "
+    "needs it).",
+    "reward.reward_model.n_gpus_per_node": "Devices (CPU bundles on CPU) per node of that pool: one judge replica "
+    "each.",
     "reward.reward_model.nnodes": "Nodes of that pool.",
-    "reward.reward_model.model_path": "Reward-model folder (a sequence-classification head with one label).",
+    "reward.reward_model.model_path": "Reward-model folder: a causal LM for a served judge (its tokenizer renders "
+    "the router's chat requests), a sequence-classification head with one label for `RewardModelWorker`.",
+    "reward.reward_model.rollout.name": "The served judge's engine: `hf` or `vllm`.",
+    "reward.reward_model.rollout.dtype": "The judge engine's dtype.",
+    "reward.reward_model.rollout.prompt_length": "Longest judge prompt, in tokens.",
+    "reward.reward_model.rollout.response_length": "Default `max_tokens` of a router request that gives none.",
+    "reward.reward_model.rollout.seed": "The judge engine's sampling seed.",
+    "reward.reward_model.rollout.free_cache_engine": "As `actor_rollout_ref.rollout.free_cache_engine`, for the "
+    "judge's engine.",
+    "reward.reward_model.rollout.engine_kwargs": "As `actor_rollout_ref.rollout.engine_kwargs`, for the judge.",
+    **{
+        f"reward.reward_model.rollout.{key}": f"As `actor_rollout_ref.rollout.{key}`, for the judge's vLLM engine."
+        for key in (
+            "gpu_memory_utilization",
+            "enforce_eager",
+            "tensor_model_parallel_size",
+            "max_num_batched_tokens",
+            "max_model_len",
+            "max_num_seqs",
+            "load_format",
+            "enable_chunked_prefill",
+            "enable_prefix_caching",
+        )
+    },
     "reward.sandbox_fusion.url": "URL of a SandboxFusion code-execution service for code rewards.",
     "reward.sandbox_fusion.max_concurrent": "Concurrent requests to that service.",
     "reward.sandbox_fusion.memory_limit_mb": "Memory limit per sandboxed execution, in MB.",

@@ -233,6 +233,28 @@ def trainer_v1() -> dict[str, Any]:
     }
 
 
+def reward_model_rollout() -> dict[str, Any]:
+    """``reward.reward_model.rollout``: the served reward model's engine (veRL 0.10's defaults; engine ``hf``)."""
+    return {
+        "name": "hf",
+        "dtype": "bfloat16",
+        "gpu_memory_utilization": 0.5,
+        "enforce_eager": True,
+        "free_cache_engine": True,
+        "tensor_model_parallel_size": 2,
+        "max_num_batched_tokens": 8192,
+        "max_model_len": None,
+        "max_num_seqs": 1024,
+        "load_format": "auto",
+        "seed": 42,
+        "engine_kwargs": {},
+        "enable_chunked_prefill": True,
+        "enable_prefix_caching": True,
+        "prompt_length": 2048,
+        "response_length": 2048,
+    }
+
+
 def reward() -> dict[str, Any]:
     """``reward``: veRL 0.10's reward settings (the older ``reward_model.*`` / ``reward_manager.*`` /
     ``custom_reward_function.*`` names are read into it: `verl.trainer.config.layout`)."""
@@ -251,6 +273,7 @@ def reward() -> dict[str, Any]:
             "n_gpus_per_node": 8,
             "nnodes": 0,
             "model_path": None,
+            "rollout": reward_model_rollout(),
         },
         "sandbox_fusion": {"url": None, "max_concurrent": 64, "memory_limit_mb": 1024},
         "reward_kwargs": {},

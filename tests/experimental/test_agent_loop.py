@@ -25,6 +25,9 @@ from verl.experimental.agent_loop import AgentLoopManager, AgentLoopOutput, Asyn
 from verl.experimental.agent_loop.agent_loop import agent_loop_target, load_agent_loop_configs
 from verl.experimental.agent_loop.postprocess import version_ranges
 from verl.experimental.agent_loop.server_manager import ServerHandle
+from verl.experimental.reward_loop.rate_limits import RateLimitSettings, shared_rate_limits
+from verl.experimental.reward_loop.reward_fn import RewardLoopFunction
+from verl.experimental.reward_loop.reward_manager import RateLimitedRewardManager
 from verl.protocol import DataProto
 from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from verl.single_controller.ray.base import create_colocated_worker_cls
@@ -401,6 +404,15 @@ def test_user_loops_from_yaml_mask_their_tokens_and_rewards_score_samples_as_the
     assert sorted(scored) == sorted(index[i] for i in (0, 1, 2, 3, 5))
     # the one-token sample was scored before the long ones had finished generating
     assert scored[index[0]] < max(nt["generated_at"][1], nt["generated_at"][2])
+    # veRL 0.10's reward-loop contract: each finished sample's run_single awaited, within the run's rate limits
+    settings = {"max_concurrent": 2, "max_rpm": 6000}
+    limited = RateLimitedRewardManager(OmegaConf.create({"reward": settings}), tokenizer, score)
+    again = AgentLoopManager(config, wg, tokenizer=tokenizer, reward_fn=RewardLoopFunction(limited))
+    again = again.generate_sequences(prompts)
+    assert torch.equal(again.batch["rm_scores"], b["rm_scores"])  # the same samples, the same scores
+    assert again.meta_info["reward_extra_keys"] == ["score", "length"]
+    stats = asyncio.run(shared_rate_limits(RateLimitSettings(**settings)).stats())  # the agent-loop workers' limit
+    assert len(stats["granted"]) == 5 and stats["max_in_flight"] <= 2
 
 
 def test_failed_samples_are_kept_when_asked_and_a_loop_that_always_fails_stops(hybrid, assets, caplog):

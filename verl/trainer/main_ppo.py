@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from verl.trainer.config.layout import resolve_layout, rollout_pool, trainer_mode, trainer_mode_name
 from verl.trainer.config.validate import rollout_pool_size, validate_config, world_size
+from verl.trainer.config.validate_reward import reward_pool_size
 from verl.trainer.constants_ppo import ppo_worker_env
 from verl.utils.ray_utils import cpu_threads_per_worker, required_logical_cpus
 
@@ -161,14 +162,17 @@ class TaskRunner:
 
     def add_reward_model_worker(self, config: DictConfig) -> None:
         """Map the reward-model role (when ``reward.reward_model.enable``), in its own pool with
-        ``reward.reward_model.enable_resource_pool``."""
+        ``reward.reward_model.enable_resource_pool``: the ``RewardModelWorker``, or, for a reward model served to
+        the reward function (`verl.experimental.reward_loop.reward_model`), only its pool."""
+        from verl.experimental.reward_loop.reward_model import served_reward_model
         from verl.trainer.ppo.utils import Role
         from verl.workers.fsdp_workers import RewardModelWorker
 
         if config.reward.reward_model.enable:
-            self.role_worker_mapping[Role.RewardModel] = ray.remote(RewardModelWorker)
             own_pool = config.reward.reward_model.get("enable_resource_pool", False)
             self.mapping[Role.RewardModel] = REWARD_POOL if own_pool else GLOBAL_POOL
+            if not served_reward_model(config):  # a served judge's replicas are the trainer's to start
+                self.role_worker_mapping[Role.RewardModel] = ray.remote(RewardModelWorker)
 
     def add_reward_model_resource_pool(self, config: DictConfig) -> None:
         """veRL 0.10's name of :meth:`add_reward_model_worker` (its reward model is served, ours is a worker)."""
@@ -331,7 +335,7 @@ def _init_ray(config: DictConfig) -> None:
         return
     if runtime_env:
         ray_init["runtime_env"] = runtime_env
-    workers = world_size(config) + rollout_pool_size(config)
+    workers = world_size(config) + rollout_pool_size(config) + reward_pool_size(config)
     ray_init.setdefault("num_cpus", required_logical_cpus(workers))
     if "OMP_NUM_THREADS" not in os.environ:  # Ray's default is one thread per worker
         # colocate_async runs a resident rollout server beside each training worker

@@ -40,6 +40,7 @@ from verl.experimental.agent_loop.postprocess import (
     samples_to_batch,
 )
 from verl.experimental.agent_loop.server_manager import AsyncLLMServerManager, SampleClient
+from verl.experimental.reward_loop.reward_fn import RewardLoopFunction
 from verl.protocol import DataProto
 from verl.utils.rollout_trace import RolloutTraceConfig, rollout_trace_attr
 from verl.workers.config.builders import build_rollout_config
@@ -274,8 +275,10 @@ class AgentLoopWorkerBase:
 
 
 class _Scorer:
-    """One batch's reward calls: samples that finish together are scored in one call of the reward manager, in the
-    worker's scoring thread, while the others still generate; failures are counted per sample."""
+    """One batch's reward calls, while the other samples still generate: samples that finish together are scored
+    in one call of a batch reward manager, in the worker's scoring thread; with a reward-loop manager
+    (`verl.experimental.reward_loop`), each sample's ``run_single`` is awaited as it finishes. Failures are counted
+    per sample."""
 
     def __init__(self, fn: Any, executor: concurrent.futures.Executor) -> None:
         self.fn, self.executor = fn, executor
@@ -285,6 +288,13 @@ class _Scorer:
         self.first_failure: str | None = None
 
     async def score(self, row: DataProto) -> tuple[torch.Tensor, dict[str, Any]]:
+        if isinstance(self.fn, RewardLoopFunction):  # a reward-loop manager: each sample alone, awaited
+            outcome = await self.fn.score_row(row)
+            self.scored += 1
+            self.timeouts += outcome.timed_out
+            self.errors += outcome.failure is not None and not outcome.timed_out
+            self.first_failure = self.first_failure or outcome.failure
+            return self.fn.manager.assemble_rm_scores(row, [outcome.score]), outcome.extra
         future = asyncio.get_running_loop().create_future()
         self.pending.append((row, future))
         if self.task is None or self.task.done():

@@ -18,13 +18,19 @@ import logging
 
 from omegaconf import DictConfig, OmegaConf
 
+from verl.trainer.config.validate_reward import RATE_LIMIT_KEYS
+
 __all__ = ["BASE_CONFIG_NAMES", "PLUS_KEYS", "edit_distance", "extend_schema", "running_schema"]
 
 logger = logging.getLogger(__name__)
 
 # Keys of the config dataclasses that veRL's YAML leaves out, so veRL's scripts add them with ``+`` (a key the
 # YAML had would make Hydra refuse the ``+``): not generated into the YAML, accepted by validation.
-PLUS_KEYS = ("algorithm.gdpo_reward_keys", "algorithm.gdpo_reward_weights")
+PLUS_KEYS = (
+    "algorithm.gdpo_reward_keys",
+    "algorithm.gdpo_reward_weights",
+    *(f"reward.{key}" for key in RATE_LIMIT_KEYS),
+)
 
 # Config names whose keys are the base schema itself (nothing to add).
 BASE_CONFIG_NAMES = ("ppo_trainer",)

@@ -39,6 +39,7 @@ from verl.trainer.config.schema import PLUS_KEYS, extend_schema, running_schema
 from verl.trainer.config.unread import is_away, report_unread
 from verl.trainer.config.validate_async import check_async_training
 from verl.trainer.config.validate_lora import check_lora
+from verl.trainer.config.validate_reward import check_reward
 from verl.trainer.config.validate_v1 import check_v1_trainer
 from verl.trainer.ppo.v1.trainer_base import registered_trainers
 from verl.workers.config import ActorConfig, CriticConfig, HFModelConfig, RefConfig, RolloutConfig
@@ -471,27 +472,6 @@ def _estimator(config: Any, problems: list[str]) -> None:
             )
 
 
-def _overlong_buffer(config: Any, problems: list[str]) -> None:
-    """``reward.reward_kwargs.overlong_buffer_cfg.enable`` (the older ``reward_model.overlong_buffer.enable``) with a
-    registered manager that does not apply the buffer would train without the overlong punishment: refused."""
-    reward = config.reward
-    if not ((reward.get("reward_kwargs") or {}).get("overlong_buffer_cfg") or {}).get("enable", False):
-        return
-    manager = reward.reward_manager
-    if (manager.get("source") or "register") != "register":
-        return  # an importlib manager is checked when it is built
-    from verl.trainer.ppo.reward import _constructor_parameters
-    from verl.workers.reward_manager import REWARD_MANAGER_REGISTRY
-
-    name = manager.get("name") or "naive"
-    cls = REWARD_MANAGER_REGISTRY.get(name)
-    if cls is not None and "overlong_buffer_cfg" not in _constructor_parameters(cls)[0]:
-        problems.append(
-            f"reward.reward_kwargs.overlong_buffer_cfg.enable=true, but the reward manager {name!r} does not apply "
-            "the overlong buffer: set reward.reward_manager.name=dapo or disable the buffer"
-        )
-
-
 def _only_base(config: DictConfig, base: DictConfig, prefix: str = "") -> DictConfig:
     """``config`` without the keys a recipe's schema added (under non-open base mappings), so the config dataclasses
     are checked on the keys they know (veRL's ``+`` keys, `PLUS_KEYS`, among them); the recipe's own code reads the
@@ -600,7 +580,7 @@ def validate_config(
     sync_step_set = is_away(config, base, "trainer.v1.separate_async.parameter_sync_step")
     check_v1_trainer(cfg, trainer_mode(cfg), problems, sync_step_set, check_environment)
     _estimator(cfg, problems)
-    _overlong_buffer(cfg, problems)
+    check_reward(cfg, problems)
     check_lora(cfg, problems, check_environment, base)
     if check_environment:
         _rollout_engine(cfg, problems)

@@ -35,6 +35,8 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from verl.experimental.dataset.sampler import AbstractCurriculumSampler
+from verl.experimental.reward_loop.reward_model import RewardModelManager, served_reward_model
+from verl.experimental.reward_loop.router import reward_router
 from verl.protocol import DataProto
 from verl.single_controller.ray import RayWorkerGroup
 from verl.single_controller.ray.base import WorkerDiedError
@@ -142,7 +144,8 @@ class RayPPOTrainer(
         self.ray_worker_group_cls = ray_worker_group_cls
         self.use_critic = need_critic(self.config)
         self.use_reference_policy = need_reference_policy(self.config)
-        self.use_rm = bool(self.config.reward.reward_model.enable)
+        self.served_rm = served_reward_model(self.config)  # a judge behind the router, consulted by the reward fn
+        self.use_rm = bool(self.config.reward.reward_model.enable) and not self.served_rm  # RewardModelWorker
         if reward_fn is None and not self.use_rm:  # veRL 0.10's trainer takes none: the config's reward.* names it
             reward_fn, default_val_fn = load_reward_fns(self.config, tokenizer)
             val_reward_fn = default_val_fn if val_reward_fn is None else val_reward_fn
@@ -264,6 +267,9 @@ class RayPPOTrainer(
         early = not resident and not self.config.actor_rollout_ref.rollout.agent.get("agent_loop_manager_class")
         if early:
             self._create_rollout_manager()
+        if self.served_rm:  # the judge's replicas, behind the router the reward functions already know
+            rm_pool = self.resource_pool_manager.get_resource_pool(Role.RewardModel)
+            self.reward_model_manager = RewardModelManager(self.config, rm_pool, reward_router(self.config)[0])
         for wg in (self.critic_wg, self.rm_wg):  # the rollout last: it sizes its memory after the others
             if wg is not None:
                 wg.init_model()

@@ -31,9 +31,8 @@ from typing import Any
 import torch
 
 from verl.protocol import DataProto
-from verl.utils.py_functional import rejected_kwargs
+from verl.utils.py_functional import accepted_kwargs, rejected_kwargs
 from verl.utils.reward_score.custom import FileFunction, load_object_from_file
-from verl.workers.reward_manager import get_reward_manager_cls
 
 __all__ = [
     "DEFAULT_REWARD_TIMEOUT_S",
@@ -43,6 +42,7 @@ __all__ = [
     "get_custom_reward_fn",
     "load_reward_fns",
     "load_reward_manager",
+    "registered_manager",
 ]
 
 logger = logging.getLogger(__name__)
@@ -99,12 +99,27 @@ def get_custom_reward_fn(config: Any) -> Callable[..., Any] | None:
     return fn
 
 
+def registered_manager(name: str) -> type:
+    """The manager registered as ``name``: a batch manager (`verl.workers.reward_manager`) first, else a
+    reward-loop manager (`verl.experimental.reward_loop.reward_manager`); an unknown name lists both."""
+    from verl.experimental.reward_loop.reward_manager import REWARD_MANAGER
+    from verl.workers.reward_manager import REWARD_MANAGER_REGISTRY
+
+    for registry in (REWARD_MANAGER_REGISTRY, REWARD_MANAGER):
+        if name in registry:
+            return registry[name]
+    raise ValueError(
+        f"Unknown reward manager: {name} (reward.reward_manager.name); batch managers: "
+        f"{sorted(REWARD_MANAGER_REGISTRY)}, reward-loop managers: {sorted(REWARD_MANAGER)}"
+    )
+
+
 def _manager_class(reward: Mapping[str, Any]) -> type:
     section = _section(reward, "reward_manager")
     source = section.get("source") or "register"
     name = section.get("name") or "naive"
     if source == "register":
-        return get_reward_manager_cls(name)
+        return registered_manager(name)
     if source == "importlib":
         module = section.get("module") or {}
         path = module.get("path")
@@ -138,19 +153,58 @@ def _constructor_parameters(cls: type) -> tuple[set[str], bool]:
     return names, True
 
 
-def load_reward_manager(config: Any, tokenizer: Any, num_examine: int = 0, **reward_kwargs: Any) -> Any:
+_FROM_CONFIG: Any = object()
+
+
+def load_reward_manager(
+    config: Any,
+    tokenizer: Any,
+    num_examine: int = 0,
+    *,
+    manager_cls: type | None = None,
+    compute_score: Any = _FROM_CONFIG,
+    reward_router_address: str | None = None,
+    reward_model_tokenizer: Any = None,
+    **reward_kwargs: Any,
+) -> Any:
     """Build the reward manager that the config names (see the module docstring for the keys).
 
-    ``reward_kwargs`` (veRL's ``reward.reward_kwargs``) go to the manager's constructor (and, for the built-in
-    managers, on to every ``compute_score`` call); a key that neither takes is an error naming it. The settings
-    this version adds (``timeout_s``, ``num_workers``) and the dapo manager's ``max_resp_len`` are given only to a
-    constructor that declares them. ``num_examine``: responses printed per batch (veRL 0.10 dropped the argument:
-    0). Returns the manager, called as ``manager(data, return_dict=False)``.
+    A batch manager gets ``reward_kwargs`` (veRL's ``reward.reward_kwargs``) in its constructor (and, for the
+    built-in managers, in every ``compute_score`` call); a key that neither takes is an error naming it. The
+    settings this version adds (``timeout_s``, ``num_workers``) and the dapo manager's ``max_resp_len`` are given
+    only to a constructor that declares them. ``num_examine``: responses printed per batch (veRL 0.10 dropped the
+    argument: 0). A reward-loop manager (a :class:`~verl.experimental.reward_loop.reward_manager.RewardManagerBase`)
+    is built with veRL 0.10's arguments — it reads ``config.reward`` itself — and returned as a
+    :class:`~verl.experimental.reward_loop.reward_fn.RewardLoopFunction`. Either is called as
+    ``manager(data, return_dict=False)``.
+
+    ``manager_cls`` replaces the configured class, ``compute_score`` the configured function (default: the
+    config's). With a served reward model (``reward.reward_model.enable`` and a custom function) the run's router
+    is started (`verl.experimental.reward_loop.router`) and its ``reward_router_address`` and the reward model's
+    tokenizer (``reward_model_tokenizer``) reach the function when it declares them (they may also be given).
     """
+    from verl.experimental.reward_loop.reward_fn import RewardLoopFunction
+    from verl.experimental.reward_loop.reward_manager import RewardManagerBase
+    from verl.experimental.reward_loop.reward_model import served_reward_model
+    from verl.experimental.reward_loop.router import RewardModelTokenizer, reward_router
+
     reward = _reward(config)
-    cls = _manager_class(reward)
+    cls = manager_cls or _manager_class(reward)
     data = _section(config, "data")
+    fn = get_custom_reward_fn(config) if compute_score is _FROM_CONFIG else compute_score
+    if reward_router_address is None and config is not None and served_reward_model(config):
+        reward_router_address = reward_router(config)[1]
+        reward_model_tokenizer = RewardModelTokenizer(config.reward.reward_model.model_path)
     kwargs: dict[str, Any] = {key: _plain(value) for key, value in reward_kwargs.items()}
+    if isinstance(cls, type) and issubclass(cls, RewardManagerBase):
+        if kwargs:
+            logger.warning(
+                "reward.reward_kwargs %s are not passed to the reward-loop manager %s: it reads config.reward itself",
+                sorted(kwargs),
+                cls.__qualname__,
+            )
+        manager = cls(config, tokenizer, fn, reward_router_address, reward_model_tokenizer)
+        return RewardLoopFunction(manager, reward_fn_key=data.get("reward_fn_key", "data_source"))
     declared, takes_any = _constructor_parameters(cls)
     unknown = sorted(set(kwargs) - declared)
     if unknown and not takes_any:
@@ -158,6 +212,11 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int = 0, **rew
             f"reward.reward_kwargs {unknown} are not parameters of the reward manager "
             f"{cls.__module__}.{cls.__qualname__}; its parameters: {sorted(declared)}"
         )
+    if reward_router_address is not None:  # a served reward model: the function's keywords, when it takes them
+        from verl.utils.reward_score import default_compute_score
+
+        router = {"reward_router_address": reward_router_address, "reward_model_tokenizer": reward_model_tokenizer}
+        kwargs.update(accepted_kwargs(fn or default_compute_score, router))
     optional = {
         "timeout_s": reward.get("timeout_s", DEFAULT_REWARD_TIMEOUT_S),
         "num_workers": reward.get("num_workers", 1),
@@ -171,7 +230,7 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int = 0, **rew
     return cls(
         tokenizer=tokenizer,
         num_examine=num_examine,
-        compute_score=get_custom_reward_fn(config),
+        compute_score=fn,
         reward_fn_key=data.get("reward_fn_key", "data_source"),
         **kwargs,
     )

@@ -1,0 +1,89 @@
+"""``naive``, ``dapo`` and ``gdpo`` at veRL 0.10's reward-loop names, for code that imports or subclasses them.
+
+Each is the batch manager of the same name (`verl.workers.reward_manager`: one place for each scoring rule, with
+its scoring processes, time limits and failure counts) scoring one sample per ``run_single``. A run that names
+``naive`` / ``dapo`` / ``gdpo`` gets the batch managers themselves (the agent loops then score the samples that
+finish together in one call); these classes are what a user's reward-loop manager subclasses.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
+from verl.experimental.reward_loop.reward_manager.registry import register
+from verl.protocol import DataProto
+
+__all__ = ["DAPORewardManager", "GDPORewardManager", "NaiveRewardManager"]
+
+
+class _BatchBacked(RewardManagerBase):
+    """``run_single`` over the batch manager registered as :attr:`batch_name`."""
+
+    batch_name = "naive"
+
+    def __init__(
+        self,
+        config: Any,
+        tokenizer: Any,
+        compute_score: Any = None,
+        reward_router_address: str | None = None,
+        reward_model_tokenizer: Any = None,
+    ) -> None:
+        from verl.trainer.ppo.reward import load_reward_manager
+        from verl.workers.reward_manager import get_reward_manager_cls
+
+        super().__init__(config, tokenizer, compute_score, reward_router_address, reward_model_tokenizer)
+        reward = (config.get("reward") if config is not None else None) or {}
+        self.batch_manager = load_reward_manager(
+            config,
+            tokenizer,
+            manager_cls=get_reward_manager_cls(self.batch_name),
+            compute_score=compute_score,
+            reward_router_address=reward_router_address,
+            reward_model_tokenizer=reward_model_tokenizer,
+            **dict(reward.get("reward_kwargs") or {}),
+        )
+        self._one_at_a_time = threading.Lock()  # the batch manager's scoring pool serves one caller at a time
+
+    def _score(self, row: DataProto) -> dict[str, Any]:
+        with self._one_at_a_time:
+            result = self.batch_manager(row, return_dict=True)
+        extra = {key: values[0] for key, values in result["reward_extra_info"].items()}
+        return {"reward_score": float(result["reward_tensor"].sum()), "reward_extra_info": extra}
+
+    async def run_single(self, data: DataProto) -> dict[str, Any]:
+        """Score the last row with the batch manager (in a thread)."""
+        row = data[len(data) - 1 :]
+        return await self.loop.run_in_executor(None, self._score, row)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_one_at_a_time", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._one_at_a_time = threading.Lock()
+
+
+@register("naive")
+class NaiveRewardManager(_BatchBacked):
+    """``compute_score`` per sample."""
+
+    batch_name = "naive"
+
+
+@register("dapo")
+class DAPORewardManager(_BatchBacked):
+    """``compute_score`` plus DAPO's overlong penalty (``reward.reward_kwargs.overlong_buffer_cfg``)."""
+
+    batch_name = "dapo"
+
+
+@register("gdpo")
+class GDPORewardManager(_BatchBacked):
+    """``compute_score`` with ``experiment_name`` in ``extra_info``."""
+
+    batch_name = "gdpo"

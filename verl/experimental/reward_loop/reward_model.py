@@ -1,0 +1,81 @@
+"""A served reward model (veRL 0.10's ``RewardModelManager``): replicas of the reward model behind the router.
+
+With ``reward.reward_model.enable`` and a ``reward.custom_reward_function.path``, the reward model is a judge the
+user's function consults: :func:`served_reward_model` says so. The run then starts
+
+1. the router (`verl.experimental.reward_loop.router`, before the reward functions are built, so its address and
+   the reward model's tokenizer reach them as ``reward_router_address`` / ``reward_model_tokenizer``), and
+2. :class:`RewardModelManager`: one rollout server (:class:`~verl.workers.rollout_worker.RolloutServerWorker`) per
+   bundle of the reward model's pool, its engine ``reward.reward_model.rollout.name`` loading
+   ``reward.reward_model.model_path`` (the rollout settings are the policy's, overridden by
+   ``reward.reward_model.rollout.*``), registered with the router.
+
+The judge's weights never change: nothing is pushed to these servers.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from omegaconf import OmegaConf
+
+__all__ = ["RewardModelManager", "reward_model_worker_config", "served_reward_model"]
+
+logger = logging.getLogger(__name__)
+
+
+def served_reward_model(config: Any) -> bool:
+    """Whether the run serves its reward model to the reward function (enabled, with a custom function)."""
+    reward = config.get("reward") or {}
+    enabled = bool((reward.get("reward_model") or {}).get("enable", False))
+    return enabled and bool((reward.get("custom_reward_function") or {}).get("path"))
+
+
+def reward_model_worker_config(config: Any) -> Any:
+    """The reward model servers' worker config: ``model`` (``reward.reward_model.model_path``, the policy's
+    ``trust_remote_code``) and ``rollout`` (the policy's rollout settings under ``reward.reward_model.rollout``)."""
+    rm = config.reward.reward_model
+    policy = config.actor_rollout_ref
+    resolved = OmegaConf.to_container(policy.rollout, resolve=True)  # its interpolations point into the config
+    rollout = OmegaConf.merge(resolved, OmegaConf.to_container(rm.get("rollout") or {}, resolve=True))
+    rollout.n = 1
+    model = {"path": rm.model_path, "trust_remote_code": bool(policy.model.get("trust_remote_code", False))}
+    return OmegaConf.create({"model": model, "rollout": rollout})
+
+
+class RewardModelManager:
+    """The reward model's replicas on ``resource_pool``, registered with ``router`` (see the module docstring).
+
+    Args:
+        config: the trainer config.
+        resource_pool: the reward model's pool (one replica per bundle).
+        router: the router actor (:func:`~verl.experimental.reward_loop.router.start_reward_router`).
+    """
+
+    def __init__(self, config: Any, resource_pool: Any, router: Any) -> None:
+        import ray
+
+        from verl.experimental.agent_loop.server_manager import ServerHandle
+        from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
+        from verl.single_controller.ray.colocated import remote_worker_class
+        from verl.workers.rollout_worker import RolloutServerWorker
+
+        self.router = router
+        worker_config = reward_model_worker_config(config)
+        cls = RayClassWithInitArgs(remote_worker_class(RolloutServerWorker), config=worker_config, role="rollout")
+        self.worker_group = RayWorkerGroup(resource_pool, cls, name_prefix="reward_model_")
+        self.worker_group.init_model()
+        prefix = getattr(self.worker_group, "method_prefix", "")
+        self.handles = [
+            ServerHandle(worker, prefix, name=f"reward_model rank {rank}")
+            for rank, worker in enumerate(self.worker_group.workers)
+        ]
+        replicas = ray.get(router.add_servers.remote(self.handles))
+        logger.info("reward model %s: %d replica(s) behind the router", worker_config.model.path, replicas)
+
+    def get_router_address(self) -> str:
+        """The router's ``host:port``."""
+        import ray
+
+        return ray.get(self.router.start.remote())
