@@ -23,6 +23,7 @@ from verl.trainer.config.validate import validate_config
 from verl.trainer.ppo.reward import load_reward_manager
 from verl.utils.demo import ensure_demo_assets
 from verl.utils.hf_tokenizer import hf_tokenizer
+from verl.workers.reward_manager.abstract import RewardFunctionError
 
 # veRL's generative-judge pattern: the function prompts the judge through the router and parses its text
 JUDGE = """
@@ -108,6 +109,12 @@ def test_the_judge_is_reached_from_a_verl_reward_function_through_the_router(ray
         status, reply = post(address, "/v1/completions", {"prompt": "x", "max_tokens": 0})
         assert status == 400 and "max_tokens=0 must be positive" in reply["error"]["message"]
         assert ray.get(router.stats.remote())["served"] == 4  # three judge calls and one completion
+        # a dead replica is named by role and rank; a judge that fails on every sample stops the run, naming it
+        ray.kill(manager.worker_group.workers[0])
+        status, reply = post(address, "/v1/completions", {"prompt": "x"})
+        assert status == 500 and reply["error"]["message"].startswith("reward_model rank 0 failed: ActorDiedError")
+        with pytest.raises(RewardFunctionError, match=r"compute_score \(.*judge.py\) failed on every one of the 3"):
+            reward_fn(data)
     finally:
         manager.worker_group.shutdown()
         pool.release()

@@ -173,10 +173,17 @@ class RewardRouter:
             )
         except Exception as e:  # noqa: BLE001 - the replica's failure is the caller's answer
             self.failed += 1
-            logger.warning("reward router: a replica failed on request %s: %s", request_id, e)
-            return web.json_response({"error": {"message": f"reward model replica failed: {e}"}}, status=500)
+            replica = self._replica_of(f"{request_id}-0")
+            logger.warning("reward router: %s failed on request %s: %s", replica, request_id, e)
+            message = f"{replica} failed: {type(e).__name__}: {e}"
+            return web.json_response({"error": {"message": message, "type": "server_error"}}, status=500)
         self.served += 1
         return web.json_response(self._reply(request_id, chat, prompt_ids, outputs, params["max_tokens"]))
+
+    def _replica_of(self, request_id: str) -> str:
+        """The name of the replica a request went to (e.g. ``reward_model rank 0``)."""
+        index = self.client.server_of(request_id)
+        return "a reward model replica" if index is None else str(self.client.server_handles[index].name)
 
     def _reply(self, request_id: str, chat: bool, prompt_ids: list[int], outputs: list[Any], max_tokens: int) -> dict:
         choices = []

@@ -194,6 +194,7 @@ def load_reward_manager(
     fn = get_custom_reward_fn(config) if compute_score is _FROM_CONFIG else compute_score
     if reward_router_address is None and config is not None and served_reward_model(config):
         reward_router_address = reward_router(config)[1]
+        logger.info("the reward function reaches the reward model at http://%s", reward_router_address)
         reward_model_tokenizer = RewardModelTokenizer(config.reward.reward_model.model_path)
     kwargs: dict[str, Any] = {key: _plain(value) for key, value in reward_kwargs.items()}
     if isinstance(cls, type) and issubclass(cls, RewardManagerBase):

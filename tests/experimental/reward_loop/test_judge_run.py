@@ -1,0 +1,73 @@
+"""A training run scored by a served judge: veRL's quickstart with ``reward.reward_model.enable`` and a judge
+function written for veRL (it asks the judge through ``reward_router_address``), under the ``rate_limited``
+manager's run-wide limits."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.cli_runs import Prepared, cli_run, needs
+from tests.trainer.test_main_ppo import demo_model, make_gsm8k, quickstart
+
+JUDGE = """
+import json, time, urllib.request
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, reward_router_address=None,
+                  reward_model_tokenizer=None):
+    question = f"Answer: {solution_str}. Expected: {ground_truth}. Correct?"
+    body = {"messages": [{"role": "user", "content": question}], "max_tokens": 4, "temperature": 0}
+    request = urllib.request.Request(f"http://{reward_router_address}/v1/chat/completions",
+                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as reply:
+        verdict = json.load(reply)["choices"][0]["message"]["content"]
+    score = float(ground_truth in verdict or len(verdict) % 2 == 1)  # the judge's words decide
+    with open(JUDGED, "a") as f:
+        f.write(json.dumps({"verdict": verdict, "score": score, "at": time.time()}) + "\\n")
+    return {"score": score, "verdict_length": len(verdict)}
+"""
+
+
+@cli_run("judge", cost_s=60)
+def prepare_judge(work: Path) -> Prepared:
+    """GRPO on the tiny GSM8K copy, 2 steps, scored by the demo model served as a judge on a pool of its own."""
+    data, model = make_gsm8k(work), demo_model(work)
+    judge = work / "judge.py"
+    judge.write_text(f"JUDGED = {str(work / 'judged.jsonl')!r}\n" + JUDGE)
+    overrides = quickstart(
+        data,
+        model,
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.rollout.n=2",
+        "trainer.logger=[console,file]",
+        f"reward.custom_reward_function.path={judge}",
+        "reward.reward_manager.name=rate_limited",
+        "+reward.max_concurrent=4",
+        "+reward.max_rpm=6000",
+        "reward.reward_model.enable=true",
+        "reward.reward_model.enable_resource_pool=true",
+        "reward.reward_model.n_gpus_per_node=1",
+        "reward.reward_model.nnodes=1",
+        f"reward.reward_model.model_path={model}",
+        "reward.reward_model.rollout.dtype=float32",
+        "reward.reward_model.rollout.response_length=8",
+    )
+    return overrides, {}
+
+
+@needs("judge")
+def test_a_served_judge_scores_every_training_sample_through_the_router(cli_runs):
+    code, output, records, work = cli_runs["judge"]
+    assert code == 0, output[-3000:]
+    assert "reaches the reward model at http://" in output and "1 replica(s) behind the router" in output
+    judged = [json.loads(line) for line in (work / "judged.jsonl").read_text().splitlines()]
+    assert len(judged) == 2 * 8 * 2 + 8  # 2 steps × 8 prompts × n=2 and the 8 of the final validation, once each
+    steps = [r["data"] for r in records if r["data"].get("training/global_step")]
+    assert len(steps) == 2
+    for step in steps:  # every sample's reward is the judge's, none lost to errors
+        assert step["reward/error_count"] == 0 and step["reward/timeout_count"] == 0
+        assert 0.0 <= step["critic/score/mean"] <= 1.0
+    judged.sort(key=lambda j: j["at"])  # the training samples first, step by step
+    for step, record in enumerate(steps):
+        scores = [j["score"] for j in judged[step * 16 : (step + 1) * 16]]
+        assert abs(record["critic/score/mean"] - sum(scores) / 16) < 1e-6
