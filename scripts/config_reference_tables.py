@@ -309,8 +309,9 @@ DESCRIPTIONS |= {
     "(replicas of `reward.reward_model.rollout.name` behind a router whose address reaches the function as "
     "`reward_router_address`: a generative judge, [rewards.md](rewards.md)); without, `RewardModelWorker` scores "
     "each response (`rm_scores` at its last token).",
-    "reward.reward_model.enable_resource_pool": "Give the reward model its own resource pool (a served judge "
-    "needs it).",
+    "reward.reward_model.enable_resource_pool": "Give the reward model its own resource pool; without, a served "
+    "judge's replicas run beside the training workers (not in `separate_async`) and `RewardModelWorker` shares their "
+    "processes (sync only).",
     "reward.reward_model.n_gpus_per_node": "Devices (CPU bundles on CPU) per node of that pool: one judge replica "
     "each.",
     "reward.reward_model.nnodes": "Nodes of that pool.",

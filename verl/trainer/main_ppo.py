@@ -20,6 +20,7 @@ import hydra
 import ray
 from omegaconf import DictConfig, OmegaConf
 
+from verl.experimental.reward_loop.reward_model import colocated_judge
 from verl.trainer.config.layout import resolve_layout, rollout_pool, trainer_mode, trainer_mode_name
 from verl.trainer.config.validate import rollout_pool_size, validate_config, world_size
 from verl.trainer.config.validate_reward import reward_pool_size
@@ -340,6 +341,7 @@ def _init_ray(config: DictConfig) -> None:
     if "OMP_NUM_THREADS" not in os.environ:  # Ray's default is one thread per worker
         # colocate_async runs a resident rollout server beside each training worker
         computing = workers + (world_size(config) if trainer_mode(config) == "colocate_async" else 0)
+        computing += world_size(config) if colocated_judge(config) else 0  # a judge replica beside each worker
         env["OMP_NUM_THREADS"] = str(cpu_threads_per_worker(computing))
         logger.info(
             "%d computing process(es) on %s cores: OMP_NUM_THREADS=%s each (set it to override)",

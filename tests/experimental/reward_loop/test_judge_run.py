@@ -1,6 +1,7 @@
-"""A training run scored by a served judge: veRL's quickstart with ``reward.reward_model.enable`` and a judge
+"""Training runs scored by a served judge: veRL's quickstart with ``reward.reward_model.enable`` and a judge
 function written for veRL (it asks the judge through ``reward_router_address``), under the ``rate_limited``
-manager's run-wide limits."""
+manager's run-wide limits — in ``colocate_async`` with the judge beside the training worker, and in
+``separate_async`` with the judge on a pool of its own (``sync`` scores the same way: tests/experimental)."""
 
 from __future__ import annotations
 
@@ -28,9 +29,8 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, rewa
 """
 
 
-@cli_run("judge", cost_s=60)
-def prepare_judge(work: Path) -> Prepared:
-    """GRPO on the tiny GSM8K copy, 2 steps, scored by the demo model served as a judge on a pool of its own."""
+def judged_run(work: Path, *mode: str) -> Prepared:
+    """GRPO on the tiny GSM8K copy, 2 steps, scored by the demo model served as a judge."""
     data, model = make_gsm8k(work), demo_model(work)
     judge = work / "judge.py"
     judge.write_text(f"JUDGED = {str(work / 'judged.jsonl')!r}\n" + JUDGE)
@@ -45,29 +45,46 @@ def prepare_judge(work: Path) -> Prepared:
         "+reward.max_concurrent=4",
         "+reward.max_rpm=6000",
         "reward.reward_model.enable=true",
-        "reward.reward_model.enable_resource_pool=true",
-        "reward.reward_model.n_gpus_per_node=1",
-        "reward.reward_model.nnodes=1",
         f"reward.reward_model.model_path={model}",
         "reward.reward_model.rollout.dtype=float32",
         "reward.reward_model.rollout.response_length=8",
+        *mode,
     )
     return overrides, {}
 
 
-@needs("judge")
+@cli_run("judge", cost_s=60)
+def prepare_judge(work: Path) -> Prepared:
+    """colocate_async, the judge's replica beside the training worker."""
+    return judged_run(work, "trainer.v1.trainer_mode=colocate_async")
+
+
+@cli_run("judge_separate", cost_s=60)
+def prepare_judge_separate(work: Path) -> Prepared:
+    """separate_async (one rollout server on a pool of its own), the judge on a pool of its own too."""
+    return judged_run(
+        work,
+        "trainer.v1.trainer_mode=separate_async",
+        "actor_rollout_ref.rollout.nnodes=1",
+        "actor_rollout_ref.rollout.n_gpus_per_node=1",
+        "reward.reward_model.enable_resource_pool=true",
+        "reward.reward_model.n_gpus_per_node=1",
+        "reward.reward_model.nnodes=1",
+    )
+
+
+@needs("judge", "judge_separate")
 def test_a_served_judge_scores_every_training_sample_through_the_router(cli_runs):
-    code, output, records, work = cli_runs["judge"]
-    assert code == 0, output[-3000:]
-    assert "reaches the reward model at http://" in output and "1 replica(s) behind the router" in output
-    judged = [json.loads(line) for line in (work / "judged.jsonl").read_text().splitlines()]
-    assert len(judged) == 2 * 8 * 2 + 8  # 2 steps × 8 prompts × n=2 and the 8 of the final validation, once each
-    steps = [r["data"] for r in records if r["data"].get("training/global_step")]
-    assert len(steps) == 2
-    for step in steps:  # every sample's reward is the judge's, none lost to errors
-        assert step["reward/error_count"] == 0 and step["reward/timeout_count"] == 0
-        assert 0.0 <= step["critic/score/mean"] <= 1.0
-    judged.sort(key=lambda j: j["at"])  # the training samples first, step by step
-    for step, record in enumerate(steps):
-        scores = [j["score"] for j in judged[step * 16 : (step + 1) * 16]]
-        assert abs(record["critic/score/mean"] - sum(scores) / 16) < 1e-6
+    for name in ("judge", "judge_separate"):
+        code, output, records, work = cli_runs[name]
+        assert code == 0, output[-3000:]
+        assert "reaches the reward model at http://" in output and "1 replica(s) behind the router" in output
+        judged = [json.loads(line) for line in (work / "judged.jsonl").read_text().splitlines()]
+        assert len(judged) == 2 * 8 * 2 + 8, name  # 2 steps × 8 prompts × n=2 and the final validation's 8
+        steps = [r["data"] for r in records if r["data"].get("training/global_step")]
+        assert len(steps) == 2
+        judged.sort(key=lambda j: j["at"])  # the training samples first, batch by batch
+        for step, record in enumerate(steps):  # every sample's reward is the judge's, none lost to errors
+            assert record["reward/error_count"] == 0 and record["reward/timeout_count"] == 0
+            scores = [j["score"] for j in judged[step * 16 : (step + 1) * 16]]
+            assert abs(record["critic/score/mean"] - sum(scores) / 16) < 1e-6, (name, step)

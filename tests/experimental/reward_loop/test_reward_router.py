@@ -122,12 +122,13 @@ def test_the_judge_is_reached_from_a_verl_reward_function_through_the_router(ray
 
 def test_a_served_judge_is_validated_at_start_up(judge_config):
     config = OmegaConf.create(OmegaConf.to_container(judge_config))
-    config.reward.reward_model.enable_resource_pool = False
+    config.reward.reward_model.enable_resource_pool = False  # beside the training workers: not in separate_async
     config.reward.reward_model.rollout.name = "nope"
+    config.trainer.v1.trainer_mode = "separate_async"
     with pytest.raises(ConfigError) as error:
         validate_config(config)
     message = str(error.value)
-    assert "needs a pool of its own (reward.reward_model.enable_resource_pool=true" in message
+    assert "trainer.v1.trainer_mode=separate_async: a served reward model needs a pool of its own" in message
     assert "reward.reward_model.rollout.name='nope'" in message
     worker = reward_model_worker_config(judge_config)  # the policy's rollout settings under the judge's
     assert worker.model.path == judge_config.reward.reward_model.model_path and worker.rollout.response_length == 16

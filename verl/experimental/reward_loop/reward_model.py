@@ -6,7 +6,8 @@ user's function consults: :func:`served_reward_model` says so. The run then star
 1. the router (`verl.experimental.reward_loop.router`, before the reward functions are built, so its address and
    the reward model's tokenizer reach them as ``reward_router_address`` / ``reward_model_tokenizer``), and
 2. :class:`RewardModelManager`: one rollout server (:class:`~verl.workers.rollout_worker.RolloutServerWorker`) per
-   bundle of the reward model's pool, its engine ``reward.reward_model.rollout.name`` loading
+   bundle of the reward model's pool (``reward.reward_model.enable_resource_pool``) or, without one, beside each
+   training worker (:func:`colocated_judge`), its engine ``reward.reward_model.rollout.name`` loading
    ``reward.reward_model.model_path`` (the rollout settings are the policy's, overridden by
    ``reward.reward_model.rollout.*``), registered with the router.
 
@@ -20,7 +21,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-__all__ = ["RewardModelManager", "reward_model_worker_config", "served_reward_model"]
+__all__ = ["RewardModelManager", "colocated_judge", "reward_model_worker_config", "served_reward_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +31,13 @@ def served_reward_model(config: Any) -> bool:
     reward = config.get("reward") or {}
     enabled = bool((reward.get("reward_model") or {}).get("enable", False))
     return enabled and bool((reward.get("custom_reward_function") or {}).get("path"))
+
+
+def colocated_judge(config: Any) -> bool:
+    """Whether the served reward model's replicas share the training workers' bundles (no pool of its own): one
+    replica beside each training worker, in a process of its own. Its weights are never pushed, so it is never put
+    to sleep: it keeps its memory while the trainer works."""
+    return served_reward_model(config) and not config.reward.reward_model.get("enable_resource_pool", False)
 
 
 def reward_model_worker_config(config: Any) -> Any:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from verl.experimental.reward_loop.reward_model import served_reward_model
 from verl.trainer.config.async_training import AsyncTrainingConfig
 from verl.trainer.config.derived import ASYNC_MODES, ROLLOUT_POOL_DEFAULTS, async_training_config
 from verl.trainer.config.layout import rollout_pool
@@ -42,7 +43,14 @@ def check_async_training(config: Any, mode: str, problems: list[str]) -> None:
             + ("; generating with older weights is an async mode" if mode == "sync" else "; set it to 1")
         )
     reward_model = config.reward.reward_model
-    if mode in ASYNC_MODES and reward_model.get("enable") and not reward_model.get("enable_resource_pool"):
+    colocated = reward_model.get("enable") and not reward_model.get("enable_resource_pool")
+    if colocated and served_reward_model(config) and mode == "separate_async":
+        problems.append(
+            "reward.reward_model.enable=true with trainer.v1.trainer_mode=separate_async: a served reward model "
+            "needs a pool of its own there (veRL's rule); set reward.reward_model.enable_resource_pool=true (with "
+            "reward.reward_model.n_gpus_per_node / nnodes)"
+        )
+    elif colocated and not served_reward_model(config) and mode in ASYNC_MODES:
         problems.append(
             f"reward.reward_model.enable=true with trainer.v1.trainer_mode={mode}: the reward model scores each batch "
             "on the "

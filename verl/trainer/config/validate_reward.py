@@ -44,8 +44,8 @@ def check_reward(config: Any, problems: list[str]) -> None:
 
 
 def _served_judge(config: Any, problems: list[str]) -> None:
-    """A reward model served to the reward function needs its path, a pool of its own (a judge colocated with the
-    training workers is not built yet) and a registered engine; settings its engine does not read are named."""
+    """A reward model served to the reward function needs its path and a registered engine; settings its engine
+    does not read are named."""
     from verl.experimental.reward_loop.reward_model import served_reward_model
 
     if not served_reward_model(config):
@@ -54,12 +54,6 @@ def _served_judge(config: Any, problems: list[str]) -> None:
     if not rm.get("model_path"):
         problems.append(
             "reward.reward_model.enable with a custom reward function serves reward.reward_model.model_path: set it"
-        )
-    if not rm.get("enable_resource_pool"):
-        problems.append(
-            "reward.reward_model.enable with a custom reward function: the served reward model needs a pool of its "
-            "own (reward.reward_model.enable_resource_pool=true with n_gpus_per_node / nnodes); a judge colocated "
-            "with the training workers is not built yet"
         )
     rollout = rm.get("rollout") or {}
     from verl.workers.rollout.registry import registered_rollouts

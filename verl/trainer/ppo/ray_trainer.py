@@ -35,7 +35,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from verl.experimental.dataset.sampler import AbstractCurriculumSampler
-from verl.experimental.reward_loop.reward_model import RewardModelManager, served_reward_model
+from verl.experimental.reward_loop.reward_model import RewardModelManager, colocated_judge, served_reward_model
 from verl.experimental.reward_loop.router import reward_router
 from verl.protocol import DataProto
 from verl.single_controller.ray import RayWorkerGroup
@@ -254,6 +254,7 @@ class RayPPOTrainer(
             resident=resident,
             separate=separate,
             trainer_engines=self.rollout_source.trainer_engines,
+            extra_per_bundle=int(colocated_judge(self.config)),
             worker_group_cls=self.ray_worker_group_cls,
         )
         pool = self.resource_pool_manager.get_resource_pool(arr_role)
@@ -267,7 +268,7 @@ class RayPPOTrainer(
         early = not resident and not self.config.actor_rollout_ref.rollout.agent.get("agent_loop_manager_class")
         if early:
             self._create_rollout_manager()
-        if self.served_rm:  # the judge's replicas, behind the router the reward functions already know
+        if self.served_rm:  # the judge's replicas (own pool, or beside the training workers), behind the router
             rm_pool = self.resource_pool_manager.get_resource_pool(Role.RewardModel)
             self.reward_model_manager = RewardModelManager(self.config, rm_pool, reward_router(self.config)[0])
         for wg in (self.critic_wg, self.rm_wg):  # the rollout last: it sizes its memory after the others

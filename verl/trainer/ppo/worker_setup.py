@@ -20,16 +20,19 @@ def spawn_worker_groups(
     resident: bool,
     separate: bool,
     trainer_engines: bool = False,
+    extra_per_bundle: int = 0,
     worker_group_cls: type = RayWorkerGroup,
 ) -> tuple[dict[str, RayWorkerGroup], Role]:
     """Create the pools and spawn the groups (models not built yet): ``actor_rollout`` (role ``actor_rollout`` /
     ``actor``, ``_ref`` when ``roles["ref"]``: the reference policy runs in the actor's workers), and ``critic`` /
     ``rm`` when ``roles`` says they run. ``resident``: the rollout engines are servers of their own (the training
     workers are role ``actor``), beside them on each bundle unless ``separate`` (a pool of their own);
-    ``trainer_engines``: the training workers hold an engine too (role ``actor_rollout``: the hybrid switch lends it).
+    ``trainer_engines``: the training workers hold an engine too (role ``actor_rollout``: the hybrid switch lends it);
+    ``extra_per_bundle``: processes of other groups that will share each bundle (a colocated judge's servers).
     Returns the groups by name and the actor's :class:`Role`."""
-    if resident and not separate:  # each bundle hosts a training worker and its rollout server
-        resource_pool_manager.max_colocate_count = max(2, resource_pool_manager.max_colocate_count)
+    per_bundle = 1 + int(resident and not separate) + extra_per_bundle  # e.g. a training worker and its server
+    if per_bundle > 1:
+        resource_pool_manager.max_colocate_count = max(per_bundle, resource_pool_manager.max_colocate_count)
     resource_pool_manager.create_resource_pool()
     pool_classes: dict[Any, dict[str, RayClassWithInitArgs]] = defaultdict(dict)
     arr_role = Role.ActorRolloutRef if Role.ActorRolloutRef in role_worker_mapping else Role.ActorRollout
