@@ -3,7 +3,7 @@
 ``naive``, ``dapo``, ``gdpo``, ``rate_limited``, ``remote``."""
 
 from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER, get_reward_manager_cls, register  # noqa: I001
-from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
+from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase, ScoreInputs, score_result
 from verl.experimental.reward_loop.reward_manager.batch_backed import (
     DAPORewardManager,
     GDPORewardManager,
@@ -20,6 +20,8 @@ __all__ = [
     "RateLimitedRewardManager",
     "RemoteRewardManager",
     "RewardManagerBase",
+    "ScoreInputs",
     "get_reward_manager_cls",
     "register",
+    "score_result",
 ]
