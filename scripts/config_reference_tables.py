@@ -305,18 +305,17 @@ DESCRIPTIONS |= {
     "([rewards.md](rewards.md)).",
     "reward.reward_manager.module.path": "File of a custom reward-manager class (`source: importlib`).",
     "reward.reward_manager.module.name": "Class name in that file.",
-    "reward.reward_model.enable": "Use a reward model. With `reward.custom_reward_function.path` it is served "
-    "(replicas of `reward.reward_model.rollout.name` behind a router whose address reaches the function as "
-    "`reward_router_address`: a generative judge, [rewards.md](rewards.md)); without, `RewardModelWorker` scores "
-    "each response (`rm_scores` at its last token).",
-    "reward.reward_model.enable_resource_pool": "Give the reward model its own resource pool; without, a served "
-    "judge's replicas run beside the training workers (not in `separate_async`) and `RewardModelWorker` shares their "
-    "processes (sync only).",
+    "reward.reward_model.enable": "Serve a reward model ([rewards.md](rewards.md)): a causal LM is a judge that "
+    "`reward.custom_reward_function` asks through `reward_router_address`; a classifier without a custom function "
+    "gives the reward itself (its score of the prompt and response, veRL's rule).",
+    "reward.reward_model.enable_resource_pool": "Give the reward model its own resource pool; without, its replicas "
+    "run beside the training workers (not in `separate_async`).",
     "reward.reward_model.n_gpus_per_node": "Devices (CPU bundles on CPU) per node of that pool: one judge replica "
     "each.",
     "reward.reward_model.nnodes": "Nodes of that pool.",
-    "reward.reward_model.model_path": "Reward-model folder: a causal LM for a served judge (its tokenizer renders "
-    "the router's chat requests), a sequence-classification head with one label for `RewardModelWorker`.",
+    "reward.reward_model.model_path": "Reward-model folder: a causal LM (a judge; its tokenizer renders the "
+    "router's chat requests) or a classifier with one label (`ForTokenClassification` / "
+    "`ForSequenceClassification`).",
     "reward.reward_model.rollout.name": "The served judge's engine: `hf` or `vllm`.",
     "reward.reward_model.rollout.dtype": "The judge engine's dtype.",
     "reward.reward_model.rollout.prompt_length": "Longest judge prompt, in tokens.",

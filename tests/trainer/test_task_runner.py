@@ -9,7 +9,7 @@ from verl.trainer.config.layout import resolve_layout
 from verl.trainer.config.validate import merged
 from verl.trainer.main_ppo import TaskRunner
 from verl.trainer.ppo.utils import Role, check_ref_worker, need_reference_policy
-from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
+from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 
 
 def actor_class(remote_cls):
@@ -29,10 +29,9 @@ def test_helpers_fill_the_mappings():
     assert classes == {
         Role.ActorRollout: ActorRolloutRefWorker,
         Role.Critic: CriticWorker,
-        Role.RewardModel: RewardModelWorker,
         Role.RefPolicy: ActorRolloutRefWorker,
-    }
-    assert set(runner.mapping.values()) == {"global_pool"}
+    }  # the reward model is served: the trainer starts its replicas (verl.experimental.reward_loop)
+    assert set(runner.mapping.values()) == {"global_pool"} and Role.RewardModel in runner.mapping
     check_ref_worker(runner.role_worker_mapping, Role.ActorRollout)  # the ref runs in the actor's class: fine
     assert need_reference_policy(runner.role_worker_mapping) and need_reference_policy(config)  # both of veRL's calls
 

@@ -162,21 +162,19 @@ class TaskRunner:
         self.mapping[Role.Critic] = GLOBAL_POOL
 
     def add_reward_model_worker(self, config: DictConfig) -> None:
-        """Map the reward-model role (when ``reward.reward_model.enable``), in its own pool with
-        ``reward.reward_model.enable_resource_pool``: the ``RewardModelWorker``, or, for a reward model served to
-        the reward function (`verl.experimental.reward_loop.reward_model`), only its pool."""
-        from verl.experimental.reward_loop.reward_model import served_reward_model
+        """The reward model's pool (when ``reward.reward_model.enable``): its own with
+        ``reward.reward_model.enable_resource_pool``, else the training workers'. The model is served
+        (`verl.experimental.reward_loop.reward_model`: the trainer starts its replicas); a recipe that maps
+        ``Role.RewardModel`` to ``RewardModelWorker`` itself gets veRL's older path, a worker group scoring each
+        batch after generation."""
         from verl.trainer.ppo.utils import Role
-        from verl.workers.fsdp_workers import RewardModelWorker
 
         if config.reward.reward_model.enable:
             own_pool = config.reward.reward_model.get("enable_resource_pool", False)
             self.mapping[Role.RewardModel] = REWARD_POOL if own_pool else GLOBAL_POOL
-            if not served_reward_model(config):  # a served judge's replicas are the trainer's to start
-                self.role_worker_mapping[Role.RewardModel] = ray.remote(RewardModelWorker)
 
     def add_reward_model_resource_pool(self, config: DictConfig) -> None:
-        """veRL 0.10's name of :meth:`add_reward_model_worker` (its reward model is served, ours is a worker)."""
+        """veRL 0.10's name of :meth:`add_reward_model_worker`."""
         self.add_reward_model_worker(config)
 
     def add_teacher_model_resource_pool(self, config: DictConfig) -> None:

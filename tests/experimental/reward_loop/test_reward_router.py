@@ -8,12 +8,15 @@ import json
 import urllib.error
 import urllib.request
 
+import numpy as np
 import pytest
 import ray
+import torch
 from omegaconf import OmegaConf
 
 from tests.trainer.ppo.test_reward import batch
 from verl.experimental.agent_loop.server_manager import AsyncLLMServerManager
+from verl.experimental.reward_loop.reward_manager.discriminative import DiscriminativeRewardManager
 from verl.experimental.reward_loop.reward_model import RewardModelManager, reward_model_worker_config
 from verl.experimental.reward_loop.router import reward_router
 from verl.single_controller.ray import RayResourcePool
@@ -23,6 +26,7 @@ from verl.trainer.config.validate import validate_config
 from verl.trainer.ppo.reward import load_reward_manager
 from verl.utils.demo import ensure_demo_assets
 from verl.utils.hf_tokenizer import hf_tokenizer
+from verl.workers.engine.hf_model import load_hf_model
 from verl.workers.reward_manager.abstract import RewardFunctionError
 
 # veRL's generative-judge pattern: the function prompts the judge through the router and parses its text
@@ -133,3 +137,47 @@ def test_a_served_judge_is_validated_at_start_up(judge_config):
     worker = reward_model_worker_config(judge_config)  # the policy's rollout settings under the judge's
     assert worker.model.path == judge_config.reward.reward_model.model_path and worker.rollout.response_length == 16
     assert worker.rollout.seed == 42 and worker.rollout.n == 1
+
+
+def test_a_discriminative_reward_models_score_is_the_reward(ray_cluster, judge_config, tmp_path):
+    """veRL's rule without a custom function: the chat (prompt messages + response) rendered with the reward model's
+    template, sent to /classify, the last output of the last sequence is the reward."""
+    source = judge_config.reward.reward_model.model_path
+    classifier = load_hf_model(source, value_model=True, dtype=torch.float32, seed=3)  # a scalar head on the demo
+    classifier.save_pretrained(tmp_path / "rm")
+    tokenizer = hf_tokenizer(source)
+    tokenizer.save_pretrained(tmp_path / "rm")
+    config = OmegaConf.create(OmegaConf.to_container(judge_config))
+    config.reward.custom_reward_function.path = None
+    config.reward.reward_model.model_path = str(tmp_path / "rm")
+    reward_fn = load_reward_manager(config, tokenizer)
+    assert isinstance(reward_fn.manager, DiscriminativeRewardManager)
+    router, address = reward_router(config)
+    pool = RayResourcePool([1], use_gpu=False, max_colocate_count=1, name_prefix="reward_pool_dis")
+    manager = RewardModelManager(config, pool, router)
+    try:
+        assert manager.discriminative
+        data = batch(tokenizer, ["7", "3", "12"], ["7", "4", "12"])
+        questions = ["What is 3 + 4?", "What is 5 - 1?", "What is 6 + 6?"]
+        data.non_tensor_batch["raw_prompt"] = np.array(
+            [[{"role": "user", "content": q}] for q in questions], dtype=object
+        )
+        out = reward_fn(data, return_dict=True)
+        expected = []
+        for i, question in enumerate(questions):
+            response = tokenizer.decode(data.batch["responses"][i][data.batch["attention_mask"][i, 4:].bool()].tolist())
+            chat = [
+                {"role": "user", "content": question},
+                {"role": "assistant", "content": response.replace(tokenizer.eos_token, "")},
+            ]
+            ids = tokenizer(tokenizer.apply_chat_template(chat, add_generation_prompt=False, tokenize=False))[
+                "input_ids"
+            ]
+            with torch.no_grad():
+                expected.append(classifier(input_ids=torch.tensor([ids])).logits[0, -1, 0].item())
+        torch.testing.assert_close(out["reward_tensor"].sum(-1), torch.tensor(expected), rtol=0, atol=1e-5)
+        status, reply = post(address, "/classify", {"input": [[5, 6, 7]], "use_activation": True})
+        assert status == 200 and 0 < reply["data"][0]["probs"][0] < 1 and reply["data"][0]["num_classes"] == 1
+    finally:
+        manager.worker_group.shutdown()
+        pool.release()

@@ -96,7 +96,7 @@ COLOCATE = [*VALID, "trainer.mode=colocate_async"]
             ["actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"],
             "backend='nccl': trainer.v1.trainer_mode=colocate_async",
         ),
-        (["reward_model.enable=true"], "reward.reward_model.enable=true with trainer.v1.trainer_mode=colocate_async"),
+        (["reward_model.enable=true"], "reward.reward_model.enable serves reward.reward_model.model_path: set it"),
     ],
 )
 def test_colocate_async_refuses_by_name(overrides, message):

@@ -1,17 +1,18 @@
 """A served reward model (veRL 0.10's ``RewardModelManager``): replicas of the reward model behind the router.
 
-With ``reward.reward_model.enable`` and a ``reward.custom_reward_function.path``, the reward model is a judge the
-user's function consults: :func:`served_reward_model` says so. The run then starts
+With ``reward.reward_model.enable`` the run serves ``reward.reward_model.model_path``:
 
-1. the router (`verl.experimental.reward_loop.router`, before the reward functions are built, so its address and
-   the reward model's tokenizer reach them as ``reward_router_address`` / ``reward_model_tokenizer``), and
-2. :class:`RewardModelManager`: one rollout server (:class:`~verl.workers.rollout_worker.RolloutServerWorker`) per
-   bundle of the reward model's pool (``reward.reward_model.enable_resource_pool``) or, without one, beside each
-   training worker (:func:`colocated_judge`), its engine ``reward.reward_model.rollout.name`` loading
-   ``reward.reward_model.model_path`` (the rollout settings are the policy's, overridden by
-   ``reward.reward_model.rollout.*``), registered with the router.
+1. the router (`verl.experimental.reward_loop.router`) starts before the reward functions are built, so its
+   address and the reward model's tokenizer reach them as ``reward_router_address`` / ``reward_model_tokenizer``;
+2. :class:`RewardModelManager` starts one replica per bundle of the reward model's pool
+   (``reward.reward_model.enable_resource_pool``) or, without one, beside each training worker
+   (:func:`colocated_judge`), registered with the router: for a causal LM (a *generative* judge, which a custom
+   reward function prompts) a rollout server (:class:`~verl.workers.rollout_worker.RolloutServerWorker`, engine
+   ``reward.reward_model.rollout.name``, the policy's rollout settings under ``reward.reward_model.rollout.*``); for
+   a classifier (a *discriminative* reward model, whose score is the reward when no custom function is given) a
+   :class:`~verl.experimental.reward_loop.score_server.RewardScoreServer`.
 
-The judge's weights never change: nothing is pushed to these servers.
+The reward model's weights never change: nothing is pushed to these servers.
 """
 
 from __future__ import annotations
@@ -27,10 +28,9 @@ logger = logging.getLogger(__name__)
 
 
 def served_reward_model(config: Any) -> bool:
-    """Whether the run serves its reward model to the reward function (enabled, with a custom function)."""
+    """Whether the run serves a reward model (``reward.reward_model.enable``)."""
     reward = config.get("reward") or {}
-    enabled = bool((reward.get("reward_model") or {}).get("enable", False))
-    return enabled and bool((reward.get("custom_reward_function") or {}).get("path"))
+    return bool((reward.get("reward_model") or {}).get("enable", False))
 
 
 def colocated_judge(config: Any) -> bool:
@@ -65,13 +65,18 @@ class RewardModelManager:
         import ray
 
         from verl.experimental.agent_loop.server_manager import ServerHandle
+        from verl.experimental.reward_loop.score_server import RewardScoreServer, is_discriminative
         from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
         from verl.single_controller.ray.colocated import remote_worker_class
         from verl.workers.rollout_worker import RolloutServerWorker
 
         self.router = router
         worker_config = reward_model_worker_config(config)
-        cls = RayClassWithInitArgs(remote_worker_class(RolloutServerWorker), config=worker_config, role="rollout")
+        self.discriminative = is_discriminative(worker_config.model.path)
+        server_cls, role = (
+            (RewardScoreServer, "reward_model") if self.discriminative else (RolloutServerWorker, "rollout")
+        )
+        cls = RayClassWithInitArgs(remote_worker_class(server_cls), config=worker_config, role=role)
         self.worker_group = RayWorkerGroup(resource_pool, cls, name_prefix="reward_model_")
         self.worker_group.init_model()
         prefix = getattr(self.worker_group, "method_prefix", "")
@@ -79,8 +84,9 @@ class RewardModelManager:
             ServerHandle(worker, prefix, name=f"reward_model rank {rank}")
             for rank, worker in enumerate(self.worker_group.workers)
         ]
-        replicas = ray.get(router.add_servers.remote(self.handles))
-        logger.info("reward model %s: %d replica(s) behind the router", worker_config.model.path, replicas)
+        replicas = ray.get(router.add_servers.remote(self.handles, self.discriminative))
+        kind = "discriminative" if self.discriminative else "generative"
+        logger.info("%s reward model %s: %d replica(s) behind the router", kind, worker_config.model.path, replicas)
 
     def get_router_address(self) -> str:
         """The router's ``host:port``."""

@@ -10,6 +10,8 @@ OpenAI's API a judge function uses — the way veRL's users call their generativ
 - sampling keys ``max_tokens`` (default ``reward.reward_model.rollout.response_length``), ``temperature`` [1.0],
   ``top_p`` [1.0], ``top_k``, ``seed``, ``n`` [1]; each reply has ``usage`` (prompt and completion tokens) and a
   ``finish_reason`` (``length`` when ``max_tokens`` ran out, else ``stop``);
+- ``POST /classify`` (vLLM's, for a discriminative reward model): ``input`` → ``data[i].probs``, the model's
+  outputs at the last token (``use_activation`` [true] applies a softmax, a sigmoid for one label);
 - ``GET /v1/models`` and ``GET /health`` (503 until a replica serves).
 
 Each request goes to a replica through the request API (:class:`~verl.experimental.agent_loop.AsyncLLMServerManager`:
@@ -69,7 +71,9 @@ class RewardRouter:
         self.tokenizer = hf_tokenizer(tokenizer_path)
         self.model_name = model_name
         self.default_max_tokens = int(default_max_tokens)
-        self.client: Any = None
+        self.client: Any = None  # routes generation requests
+        self.classifiers: list[Any] = []  # a discriminative model's replicas, round-robin
+        self._next_classifier = 0
         self.served = self.failed = 0
         self._runner: Any = None
         self.address: str | None = None
@@ -85,6 +89,7 @@ class RewardRouter:
         app = web.Application(client_max_size=64 * 2**20)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/classify", self._classify)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         host, port = node_ip_and_free_port()
@@ -95,11 +100,15 @@ class RewardRouter:
         logger.info("reward router at http://%s", self.address)
         return self.address
 
-    async def add_servers(self, handles: list[Any]) -> int:
+    async def add_servers(self, handles: list[Any], discriminative: bool = False) -> int:
         """Route to ``handles`` (the replicas' :class:`~verl.experimental.agent_loop.server_manager.ServerHandle` s)
-        too; returns how many replicas it routes to."""
+        too — generation requests, or ``/classify`` for a discriminative model's; returns how many replicas of
+        that kind it routes to."""
         from verl.experimental.agent_loop.server_manager import AsyncLLMServerManager
 
+        if discriminative:
+            self.classifiers.extend(handles)
+            return len(self.classifiers)
         if self.client is None:
             self.client = AsyncLLMServerManager(None, handles)
         else:
@@ -114,7 +123,8 @@ class RewardRouter:
     async def _health(self, request: Any) -> Any:
         from aiohttp import web
 
-        return web.json_response({"ok": self.client is not None}, status=200 if self.client is not None else 503)
+        ready = self.client is not None or bool(self.classifiers)
+        return web.json_response({"ok": ready}, status=200 if ready else 503)
 
     async def _models(self, request: Any) -> Any:
         from aiohttp import web
@@ -126,6 +136,58 @@ class RewardRouter:
 
     async def _completions(self, request: Any) -> Any:
         return await self._serve(request, chat=False)
+
+    async def _classify(self, request: Any) -> Any:
+        """vLLM's ``/classify``: ``input`` (a text, a list of texts, token ids or a list of them) → ``data[i].probs``
+        (the model's outputs at the last token of input ``i``; ``use_activation`` [true]: softmax over the labels,
+        a sigmoid for one label)."""
+        import math
+
+        from aiohttp import web
+
+        try:
+            body = await request.json()
+            if not isinstance(body, dict):
+                raise RequestError("the body must be a JSON object")
+            inputs = self._classify_inputs(body.get("input"))
+        except (RequestError, ValueError, TypeError) as e:
+            return web.json_response({"error": {"message": str(e), "type": "invalid_request_error"}}, status=400)
+        if not self.classifiers:
+            return web.json_response({"error": {"message": "no discriminative reward model serves"}}, status=503)
+        handle = self.classifiers[self._next_classifier % len(self.classifiers)]
+        self._next_classifier += 1
+        try:
+            rows = await getattr(handle.actor, f"{handle.prefix}classify").remote(inputs)
+        except Exception as e:  # noqa: BLE001 - the replica's failure is the caller's answer
+            self.failed += 1
+            message = f"{handle.name} failed: {type(e).__name__}: {e}"
+            return web.json_response({"error": {"message": message, "type": "server_error"}}, status=500)
+        if body.get("use_activation", True):
+            if all(len(r) == 1 for r in rows):
+                rows = [[1.0 / (1.0 + math.exp(-r[0]))] for r in rows]
+            else:
+                rows = [[math.exp(v - max(r)) / sum(math.exp(u - max(r)) for u in r) for v in r] for r in rows]
+        self.served += 1
+        data = [{"index": i, "object": "classification", "probs": r, "num_classes": len(r)} for i, r in enumerate(rows)]
+        tokens = sum(len(ids) for ids in inputs)
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        return web.json_response({"object": "list", "model": self.model_name, "data": data, "usage": usage})
+
+    def _classify_inputs(self, value: Any) -> list[list[int]]:
+        """Token id lists from ``/classify``'s ``input``."""
+        if isinstance(value, str) or (isinstance(value, list) and value and all(isinstance(t, int) for t in value)):
+            value = [value]
+        if not isinstance(value, list) or not value:
+            raise RequestError("'input' must be a text, token ids, or a non-empty list of them")
+        out = []
+        for item in value:
+            if isinstance(item, str) and item:
+                out.append(list(self.tokenizer(item)["input_ids"]))
+            elif isinstance(item, list) and item and all(isinstance(t, int) for t in item):
+                out.append(list(item))
+            else:
+                raise RequestError("'input' must be a text, token ids, or a non-empty list of them")
+        return out
 
     def _prompt_ids(self, body: dict[str, Any], chat: bool) -> list[int]:
         if chat:

@@ -44,17 +44,25 @@ def check_reward(config: Any, problems: list[str]) -> None:
 
 
 def _served_judge(config: Any, problems: list[str]) -> None:
-    """A reward model served to the reward function needs its path and a registered engine; settings its engine
-    does not read are named."""
+    """A served reward model needs its path; without a custom function it must be a classifier (its score is the
+    reward); a generative judge needs a registered engine, and settings its engine does not read are named."""
     from verl.experimental.reward_loop.reward_model import served_reward_model
 
     if not served_reward_model(config):
         return
     rm = config.reward.reward_model
-    if not rm.get("model_path"):
+    path = rm.get("model_path")
+    if not path:
+        problems.append("reward.reward_model.enable serves reward.reward_model.model_path: set it")
+        return
+    discriminative = _is_classifier(path)
+    if discriminative is False and not config.reward.custom_reward_function.get("path"):
         problems.append(
-            "reward.reward_model.enable with a custom reward function serves reward.reward_model.model_path: set it"
+            f"reward.reward_model.enable without reward.custom_reward_function.path: {path} is a causal LM (a "
+            "generative judge); give a reward function that asks it, or a classifier whose score is the reward"
         )
+    if discriminative:
+        return
     rollout = rm.get("rollout") or {}
     from verl.workers.rollout.registry import registered_rollouts
 
@@ -71,6 +79,17 @@ def _served_judge(config: Any, problems: list[str]) -> None:
             logger.warning(
                 "reward.reward_model.rollout.%s: the hf engine does not read them (only vllm does)", "/".join(changed)
             )
+
+
+def _is_classifier(path: str) -> bool | None:
+    """Whether the local checkpoint at ``path`` is a classifier (None: not a local folder, checked when served)."""
+    import os
+
+    if not os.path.isfile(os.path.join(os.path.expanduser(path), "config.json")):
+        return None
+    from verl.experimental.reward_loop.score_server import is_discriminative
+
+    return is_discriminative(os.path.expanduser(path))
 
 
 def _registered_class(config: Any) -> type | None:

@@ -144,8 +144,8 @@ class RayPPOTrainer(
         self.ray_worker_group_cls = ray_worker_group_cls
         self.use_critic = need_critic(self.config)
         self.use_reference_policy = need_reference_policy(self.config)
-        self.served_rm = served_reward_model(self.config)  # a judge behind the router, consulted by the reward fn
-        self.use_rm = bool(self.config.reward.reward_model.enable) and not self.served_rm  # RewardModelWorker
+        self.use_rm = Role.RewardModel in role_worker_mapping  # a recipe's own RewardModelWorker: veRL's older path
+        self.served_rm = served_reward_model(self.config) and not self.use_rm  # behind the router
         if reward_fn is None and not self.use_rm:  # veRL 0.10's trainer takes none: the config's reward.* names it
             reward_fn, default_val_fn = load_reward_fns(self.config, tokenizer)
             val_reward_fn = default_val_fn if val_reward_fn is None else val_reward_fn

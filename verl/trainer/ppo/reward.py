@@ -196,6 +196,8 @@ def load_reward_manager(
         reward_router_address = reward_router(config)[1]
         logger.info("the reward function reaches the reward model at http://%s", reward_router_address)
         reward_model_tokenizer = RewardModelTokenizer(config.reward.reward_model.model_path)
+        if fn is None and manager_cls is None:  # veRL's rule: no function of the user's, the model's score
+            cls = discriminative_manager(config.reward.reward_model.model_path)
     kwargs: dict[str, Any] = {key: _plain(value) for key, value in reward_kwargs.items()}
     if isinstance(cls, type) and issubclass(cls, RewardManagerBase):
         if kwargs:
@@ -235,6 +237,21 @@ def load_reward_manager(
         reward_fn_key=data.get("reward_fn_key", "data_source"),
         **kwargs,
     )
+
+
+def discriminative_manager(model_path: str) -> type:
+    """The manager that makes a served reward model's score the reward; a causal LM there is an error (a generative
+    judge needs a function that prompts it)."""
+    from verl.experimental.reward_loop.reward_manager.discriminative import DiscriminativeRewardManager
+    from verl.experimental.reward_loop.score_server import is_discriminative
+
+    if not is_discriminative(model_path):
+        raise ValueError(
+            f"reward.reward_model.enable without reward.custom_reward_function.path: {model_path} is a causal LM, "
+            "a generative judge — give a reward function that asks it (reward_router_address), or a classifier "
+            "(ForTokenClassification / ForSequenceClassification) whose score is the reward"
+        )
+    return DiscriminativeRewardManager
 
 
 def load_reward_fns(config: Any, tokenizer: Any) -> tuple[Any, Any]:
