@@ -3,6 +3,8 @@ keys that no config dataclass documents, and the notes on where verl differs fro
 
 from __future__ import annotations
 
+from verl.trainer.config.validate_reward import VLLM_ONLY
+
 _G = "global_profiler.global_tool_config"
 
 DESCRIPTIONS: dict[str, str] = {
@@ -326,17 +328,7 @@ DESCRIPTIONS |= {
     "reward.reward_model.rollout.engine_kwargs": "As `actor_rollout_ref.rollout.engine_kwargs`, for the judge.",
     **{
         f"reward.reward_model.rollout.{key}": f"As `actor_rollout_ref.rollout.{key}`, for the judge's vLLM engine."
-        for key in (
-            "gpu_memory_utilization",
-            "enforce_eager",
-            "tensor_model_parallel_size",
-            "max_num_batched_tokens",
-            "max_model_len",
-            "max_num_seqs",
-            "load_format",
-            "enable_chunked_prefill",
-            "enable_prefix_caching",
-        )
+        for key in VLLM_ONLY
     },
     "reward.sandbox_fusion.url": "URL of a SandboxFusion code-execution service for code rewards.",
     "reward.sandbox_fusion.max_concurrent": "Concurrent requests to that service.",

@@ -83,7 +83,7 @@ RESPONSES, TRUTHS = ["7", "3", "12", "5"], ["7", "4", "12", "6"]
 def test_the_registry_and_the_batch_backed_managers_score_as_the_batch_managers(tokenizer, user_file):
     assert {"naive", "dapo", "gdpo", "rate_limited", "remote"} <= set(REWARD_MANAGER)
     assert get_reward_manager_cls("naive") is NaiveRewardManager
-    with pytest.raises(ValueError, match="Unknown reward manager: nope"):
+    with pytest.raises(ValueError, match="Unknown reward-loop manager: nope"):
         get_reward_manager_cls("nope")
     data = batch(tokenizer, RESPONSES, TRUTHS)
     config = reward_config(user_file)

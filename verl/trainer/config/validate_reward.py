@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-__all__ = ["RATE_LIMIT_KEYS", "check_reward", "reward_pool_size"]
+__all__ = ["RATE_LIMIT_KEYS", "VLLM_ONLY", "check_reward", "reward_pool_size"]
 
 logger = logging.getLogger(__name__)
 

@@ -88,6 +88,10 @@ class RewardManagerBase(ABC):
         self.reward_router_address = reward_router_address
         self.reward_model_tokenizer = reward_model_tokenizer
         type(self).init_class(config, tokenizer)
+        self.setup()
+
+    def setup(self) -> None:  # noqa: B027 - an optional hook, not an abstract method
+        """What a subclass builds once its arguments are set (a constructor of its own may be written instead)."""
 
     @classmethod
     def init_class(cls, config: Any, tokenizer: Any) -> None:
@@ -95,6 +99,10 @@ class RewardManagerBase(ABC):
         if cls.__dict__.get("_class_initialized", False):
             return
         cls._class_initialized = True
+
+    def reward_section(self) -> Any:
+        """``config.reward`` (empty when absent)."""
+        return (self.config.get("reward") if self.config is not None else None) or {}
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:

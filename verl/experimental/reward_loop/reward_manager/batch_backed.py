@@ -23,27 +23,19 @@ class _BatchBacked(RewardManagerBase):
 
     batch_name = "naive"
 
-    def __init__(
-        self,
-        config: Any,
-        tokenizer: Any,
-        compute_score: Any = None,
-        reward_router_address: str | None = None,
-        reward_model_tokenizer: Any = None,
-    ) -> None:
+    def setup(self) -> None:
+        """Build the batch manager (with the run's reward kwargs and the served reward model's address)."""
         from verl.trainer.ppo.reward import load_reward_manager
         from verl.workers.reward_manager import get_reward_manager_cls
 
-        super().__init__(config, tokenizer, compute_score, reward_router_address, reward_model_tokenizer)
-        reward = (config.get("reward") if config is not None else None) or {}
         self.batch_manager = load_reward_manager(
-            config,
-            tokenizer,
+            self.config,
+            self.tokenizer,
             manager_cls=get_reward_manager_cls(self.batch_name),
-            compute_score=compute_score,
-            reward_router_address=reward_router_address,
-            reward_model_tokenizer=reward_model_tokenizer,
-            **dict(reward.get("reward_kwargs") or {}),
+            compute_score=self.compute_score,
+            reward_router_address=self.reward_router_address,
+            reward_model_tokenizer=self.reward_model_tokenizer,
+            **dict(self.reward_section().get("reward_kwargs") or {}),
         )
         self._one_at_a_time = threading.Lock()  # the batch manager's scoring pool serves one caller at a time
 

@@ -23,10 +23,6 @@ __all__ = ["RateLimitedRewardManager"]
 logger = logging.getLogger(__name__)
 
 
-def _reward_section(config: Any) -> Any:
-    return (config.get("reward") if config is not None else None) or {}
-
-
 @register("rate_limited")
 class RateLimitedRewardManager(RewardManagerBase):
     """``compute_score`` per sample within the run's rate limits (see the module docstring)."""
@@ -38,7 +34,7 @@ class RateLimitedRewardManager(RewardManagerBase):
     def init_class(cls, config: Any, tokenizer: Any) -> None:
         """Connect the class to the run's limits (once per process: the first instance's settings hold, as in
         veRL; a later instance asking for others is warned)."""
-        settings = RateLimitSettings.from_config(_reward_section(config))
+        settings = RateLimitSettings.from_config((config.get("reward") if config is not None else None) or {})
         if cls.__dict__.get("_class_initialized", False):
             if settings != cls.settings:
                 logger.warning(
@@ -50,16 +46,9 @@ class RateLimitedRewardManager(RewardManagerBase):
         cls.settings, cls.limits = settings, shared_rate_limits(settings)
         cls._class_initialized = True
 
-    def __init__(
-        self,
-        config: Any,
-        tokenizer: Any,
-        compute_score: Any = None,
-        reward_router_address: str | None = None,
-        reward_model_tokenizer: Any = None,
-    ) -> None:
-        super().__init__(config, tokenizer, compute_score, reward_router_address, reward_model_tokenizer)
-        timeout = _reward_section(config).get("timeout", 300.0)
+    def setup(self) -> None:
+        """The call's time limit, ``reward.timeout`` (this instance's)."""
+        timeout = self.reward_section().get("timeout", 300.0)
         self.timeout_s = float(timeout) if timeout else 0.0
 
     async def run_single(self, data: DataProto) -> dict[str, Any]:

@@ -34,23 +34,16 @@ class RewardComputeWorker:
 class RemoteRewardManager(RewardManagerBase):
     """Scores each sample in one of ``reward.num_workers`` Ray worker processes (see the module docstring)."""
 
-    def __init__(
-        self,
-        config: Any,
-        tokenizer: Any,
-        compute_score: Any = None,
-        reward_router_address: str | None = None,
-        reward_model_tokenizer: Any = None,
-    ) -> None:
+    def setup(self) -> None:
+        """Start the worker processes."""
         import ray
 
         from verl.utils.reward_score import default_compute_score
 
-        super().__init__(config, tokenizer, compute_score, reward_router_address, reward_model_tokenizer)
-        fn = compute_score or default_compute_score
+        fn = self.compute_score or default_compute_score
         if is_async_function(fn):
             raise TypeError("reward.reward_manager.name=remote: compute_score is async; use naive or rate_limited")
-        count = int(((config.get("reward") if config is not None else None) or {}).get("num_workers", 1) or 1)
+        count = int(self.reward_section().get("num_workers", 1) or 1)
         node = ray.get_runtime_context().get_node_id()
         affinity = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(node_id=node, soft=True)
         worker_cls = ray.remote(num_cpus=0)(RewardComputeWorker)
