@@ -12,7 +12,7 @@ import torch
 from omegaconf import OmegaConf
 
 from tests.trainer.ppo.test_reward import batch
-from verl.experimental.reward_loop.rate_limits import RateLimits, RateLimitSettings, TokenBucket
+from verl.experimental.reward_loop.rate_limits import AsyncTokenBucket, RateLimits, RateLimitSettings, TokenBucket
 from verl.experimental.reward_loop.reward_fn import RewardLoopFunction
 from verl.experimental.reward_loop.reward_manager import (
     REWARD_MANAGER,
@@ -125,6 +125,10 @@ def test_token_bucket_reserves_in_arrival_order_at_the_rate():
     assert waits[:10] == [0.0] * 10 and waits[10:] == pytest.approx([0.1, 0.2, 0.3])
     now[0] = 1.0  # a second later the balance (−3) has refilled to 7
     assert bucket.reserve(7.0) == 0.0 and bucket.reserve(1.0) == pytest.approx(0.1)
+    veRL = AsyncTokenBucket(rate_limit=10.0, max_tokens=20.0)  # veRL 0.10's awaited bucket over the same one
+    assert veRL.tokens == 20.0 and veRL.last_update is None
+    asyncio.run(veRL.acquire(5.0))
+    assert veRL.tokens == pytest.approx(15.0) and veRL.last_update is not None
 
 
 def test_rate_limits_grant_no_more_than_the_rate_allows_per_window():

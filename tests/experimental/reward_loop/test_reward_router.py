@@ -181,3 +181,25 @@ def test_a_discriminative_reward_models_score_is_the_reward(ray_cluster, judge_c
     finally:
         manager.worker_group.shutdown()
         pool.release()
+
+
+@pytest.mark.vllm
+def test_the_judge_on_the_vllm_engine(ray_cluster, judge_config):
+    """The same judge served by vLLM (the vllm venv): the router's chat completions come from its engine."""
+    pytest.importorskip("vllm", reason="runs in the vllm venv")
+    config = OmegaConf.create(OmegaConf.to_container(judge_config))
+    rm = config.reward.reward_model
+    rm.rollout.name, rm.rollout.load_format, rm.rollout.tensor_model_parallel_size = "vllm", "auto", 1
+    router, address = reward_router(config)
+    pool = RayResourcePool([1], use_gpu=False, max_colocate_count=1, name_prefix="reward_pool_vllm")
+    manager = RewardModelManager(config, pool, router)
+    try:
+        assert not manager.discriminative
+        body = {"messages": [{"role": "user", "content": "Is 7 the answer?"}], "max_tokens": 4, "temperature": 0}
+        status, reply = post(address, "/v1/chat/completions", {**body, "n": 2})
+        assert status == 200 and len(reply["choices"]) == 2 and 0 < reply["usage"]["completion_tokens"] <= 8
+        first, second = (c["message"]["content"] for c in reply["choices"])
+        assert first == second  # greedy: both samples the engine's same answer
+    finally:
+        manager.worker_group.shutdown()
+        pool.release()

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["RateLimitSettings", "RateLimits", "TokenBucket", "shared_rate_limits"]
+__all__ = ["AsyncTokenBucket", "RateLimitSettings", "RateLimits", "TokenBucket", "shared_rate_limits"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +56,14 @@ class RateLimitSettings:
 
 
 class TokenBucket:
-    """``per_second`` tokens a second, holding at most one second of them (see the module docstring)."""
+    """``per_second`` tokens a second, holding at most ``capacity`` (default: one second of them; see the module
+    docstring)."""
 
-    def __init__(self, per_second: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, per_second: float, clock: Callable[[], float] = time.monotonic, capacity: float | None = None
+    ) -> None:
         self.rate = float(per_second)
-        self.capacity = self.rate
+        self.capacity = float(capacity) if capacity else self.rate
         self.tokens = self.capacity
         self.clock = clock
         self.updated = clock()
@@ -72,6 +75,34 @@ class TokenBucket:
         self.updated = now
         self.tokens -= count
         return max(0.0, -self.tokens / self.rate)
+
+
+class AsyncTokenBucket:
+    """veRL 0.10's token bucket, awaited: ``rate_limit`` tokens a second, at most ``max_tokens`` (default: one
+    second of them); ``await acquire(n)`` returns once ``n`` tokens are granted (in arrival order)."""
+
+    def __init__(self, rate_limit: float, max_tokens: float | None = None) -> None:
+        self.rate_limit = float(rate_limit)
+        self.max_tokens = float(max_tokens or rate_limit)
+        self._bucket = TokenBucket(self.rate_limit, capacity=self.max_tokens)
+        self._used = False
+
+    @property
+    def last_update(self) -> float | None:
+        """When the balance was last brought up to date (None before the first acquire)."""
+        return self._bucket.updated if self._used else None
+
+    @property
+    def tokens(self) -> float:
+        """The balance at the last grant (below zero while grants wait for the refill)."""
+        return self._bucket.tokens
+
+    async def acquire(self, num_tokens: float = 1.0) -> None:
+        """Take ``num_tokens``, waiting until the balance covers them."""
+        wait = self._bucket.reserve(float(num_tokens))
+        self._used = True
+        if wait > 0:
+            await asyncio.sleep(wait)
 
 
 class RateLimits:

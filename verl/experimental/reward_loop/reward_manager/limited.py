@@ -13,12 +13,12 @@ import asyncio
 import logging
 from typing import Any
 
-from verl.experimental.reward_loop.rate_limits import RateLimitSettings, shared_rate_limits
+from verl.experimental.reward_loop.rate_limits import AsyncTokenBucket, RateLimitSettings, shared_rate_limits
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase, score_result
 from verl.experimental.reward_loop.reward_manager.registry import register
 from verl.protocol import DataProto
 
-__all__ = ["RateLimitedRewardManager"]
+__all__ = ["AsyncTokenBucket", "RateLimitedRewardManager"]
 
 logger = logging.getLogger(__name__)
 
