@@ -170,9 +170,10 @@ class AgentLoopManager:
             )
         if reward_loop_worker_handles is not None:
             raise NotImplementedError(
-                "AgentLoopManager.create(reward_loop_worker_handles=...): veRL's reward loop (reward workers scoring "
-                "samples as they finish) is not built yet; pass None and give reward_fn / val_reward_fn instead: our "
-                "agent loops score each sample with them as soon as it finishes"
+                "AgentLoopManager.create(reward_loop_worker_handles=...): veRL's reward-loop worker processes have no "
+                "counterpart here; pass None and give reward_fn / val_reward_fn (verl.trainer.ppo.reward."
+                "load_reward_manager(config, tokenizer): any reward-loop manager, a served reward model included): "
+                "the agent loops score each sample with them as soon as it finishes"
             )
         if llm_client is None:
             raise ValueError(
