@@ -113,13 +113,13 @@ def _overlong_buffer(config: Any, problems: list[str]) -> None:
     if not ((reward.get("reward_kwargs") or {}).get("overlong_buffer_cfg") or {}).get("enable", False):
         return
     from verl.experimental.reward_loop.reward_manager import RewardManagerBase
-    from verl.trainer.ppo.reward import _constructor_parameters
+    from verl.workers.reward_manager.build import constructor_parameters
 
     name = reward.reward_manager.get("name") or "naive"
     cls = _registered_class(config)
     if cls is None or issubclass(cls, RewardManagerBase):
         return  # a reward-loop manager reads reward.reward_kwargs itself
-    if "overlong_buffer_cfg" not in _constructor_parameters(cls)[0]:
+    if "overlong_buffer_cfg" not in constructor_parameters(cls)[0]:
         problems.append(
             f"reward.reward_kwargs.overlong_buffer_cfg.enable=true, but the reward manager {name!r} does not apply "
             "the overlong buffer: set reward.reward_manager.name=dapo or disable the buffer"

@@ -145,7 +145,6 @@ class RayPPOTrainer(
         self.use_critic = need_critic(self.config)
         self.use_reference_policy = need_reference_policy(self.config)
         self.use_rm = Role.RewardModel in role_worker_mapping  # a recipe's own RewardModelWorker: veRL's older path
-        self.served_rm = served_reward_model(self.config) and not self.use_rm  # behind the router
         if reward_fn is None and not self.use_rm:  # veRL 0.10's trainer takes none: the config's reward.* names it
             reward_fn, default_val_fn = load_reward_fns(self.config, tokenizer)
             val_reward_fn = default_val_fn if val_reward_fn is None else val_reward_fn
@@ -268,7 +267,8 @@ class RayPPOTrainer(
         early = not resident and not self.config.actor_rollout_ref.rollout.agent.get("agent_loop_manager_class")
         if early:
             self._create_rollout_manager()
-        if self.served_rm:  # the judge's replicas (own pool, or beside the training workers), behind the router
+        if served_reward_model(self.config) and Role.RewardModel not in self.role_worker_mapping:
+            # the reward model's replicas (own pool, or beside the training workers), behind the router
             rm_pool = self.resource_pool_manager.get_resource_pool(Role.RewardModel)
             self.reward_model_manager = RewardModelManager(self.config, rm_pool, reward_router(self.config)[0])
         for wg in (self.critic_wg, self.rm_wg):  # the rollout last: it sizes its memory after the others

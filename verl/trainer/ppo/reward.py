@@ -23,7 +23,6 @@ Config keys read (veRL 0.10's ``reward.*``; veRL's older names, ``reward_model.*
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -31,8 +30,9 @@ from typing import Any
 import torch
 
 from verl.protocol import DataProto
-from verl.utils.py_functional import accepted_kwargs, rejected_kwargs
+from verl.utils.py_functional import rejected_kwargs
 from verl.utils.reward_score.custom import FileFunction, load_object_from_file
+from verl.workers.reward_manager.build import DEFAULT_REWARD_TIMEOUT_S, build_batch_manager, plain_container
 
 __all__ = [
     "DEFAULT_REWARD_TIMEOUT_S",
@@ -46,15 +46,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_REWARD_TIMEOUT_S = 30.0
-
-
-def _plain(value: Any) -> Any:
-    """OmegaConf containers → plain dicts / lists (they are sent to scoring processes and user code)."""
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
 def _section(config: Any, key: str) -> Mapping[str, Any]:
@@ -87,7 +78,7 @@ def get_custom_reward_fn(config: Any) -> Callable[..., Any] | None:
     if not path:
         return None
     name = section.get("name") or "compute_score"
-    fn = FileFunction(path, name, _plain(section.get("reward_kwargs")) or {})
+    fn = FileFunction(path, name, plain_container(section.get("reward_kwargs")) or {})
     rejected = rejected_kwargs(fn.load(), fn.kwargs)
     if rejected:
         raise TypeError(
@@ -137,22 +128,6 @@ def _manager_class(reward: Mapping[str, Any]) -> type:
     raise ValueError(f"reward.reward_manager.source={source!r} must be 'register' or 'importlib'")
 
 
-def _constructor_parameters(cls: type) -> tuple[set[str], bool]:
-    """The keyword parameters a manager's constructor declares, following ``**kwargs`` up the base classes (a
-    subclass that forwards ``**kwargs`` to ``super().__init__`` also takes its base's parameters), and whether the
-    last constructor on that chain takes ``**kwargs`` itself."""
-    names: set[str] = set()
-    for klass in cls.__mro__:
-        if "__init__" not in vars(klass) or klass is object:
-            continue
-        params = inspect.signature(vars(klass)["__init__"]).parameters.values()
-        kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-        names.update(p.name for p in params if p.kind in kinds)
-        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-            return names, False
-    return names, True
-
-
 _FROM_CONFIG: Any = object()
 
 
@@ -198,44 +173,26 @@ def load_reward_manager(
         reward_model_tokenizer = RewardModelTokenizer(config.reward.reward_model.model_path)
         if fn is None and manager_cls is None:  # veRL's rule: no function of the user's, the model's score
             cls = discriminative_manager(config.reward.reward_model.model_path)
-    kwargs: dict[str, Any] = {key: _plain(value) for key, value in reward_kwargs.items()}
     if isinstance(cls, type) and issubclass(cls, RewardManagerBase):
-        if kwargs:
+        if reward_kwargs:
             logger.warning(
                 "reward.reward_kwargs %s are not passed to the reward-loop manager %s: it reads config.reward itself",
-                sorted(kwargs),
+                sorted(reward_kwargs),
                 cls.__qualname__,
             )
         manager = cls(config, tokenizer, fn, reward_router_address, reward_model_tokenizer)
         return RewardLoopFunction(manager, reward_fn_key=data.get("reward_fn_key", "data_source"))
-    declared, takes_any = _constructor_parameters(cls)
-    unknown = sorted(set(kwargs) - declared)
-    if unknown and not takes_any:
-        raise TypeError(
-            f"reward.reward_kwargs {unknown} are not parameters of the reward manager "
-            f"{cls.__module__}.{cls.__qualname__}; its parameters: {sorted(declared)}"
-        )
-    if reward_router_address is not None:  # a served reward model: the function's keywords, when it takes them
-        from verl.utils.reward_score import default_compute_score
-
-        router = {"reward_router_address": reward_router_address, "reward_model_tokenizer": reward_model_tokenizer}
-        kwargs.update(accepted_kwargs(fn or default_compute_score, router))
-    optional = {
-        "timeout_s": reward.get("timeout_s", DEFAULT_REWARD_TIMEOUT_S),
-        "num_workers": reward.get("num_workers", 1),
-        "max_resp_len": data.get("max_response_length", 512),
-        "experiment_name": _section(config, "trainer").get("experiment_name"),
-        "overlong_buffer_cfg": _plain((reward.get("reward_kwargs") or {}).get("overlong_buffer_cfg")),
-    }
-    for key, value in optional.items():
-        if key not in kwargs and key in declared:
-            kwargs[key] = value
-    return cls(
-        tokenizer=tokenizer,
+    return build_batch_manager(
+        cls,
+        tokenizer,
+        fn,
+        reward=reward,
+        data=data,
+        trainer=_section(config, "trainer"),
         num_examine=num_examine,
-        compute_score=fn,
-        reward_fn_key=data.get("reward_fn_key", "data_source"),
-        **kwargs,
+        reward_router_address=reward_router_address,
+        reward_model_tokenizer=reward_model_tokenizer,
+        **reward_kwargs,
     )
 
 

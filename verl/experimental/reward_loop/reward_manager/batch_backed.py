@@ -25,17 +25,21 @@ class _BatchBacked(RewardManagerBase):
 
     def setup(self) -> None:
         """Build the batch manager (with the run's reward kwargs and the served reward model's address)."""
-        from verl.trainer.ppo.reward import load_reward_manager
         from verl.workers.reward_manager import get_reward_manager_cls
+        from verl.workers.reward_manager.build import build_batch_manager
 
-        self.batch_manager = load_reward_manager(
-            self.config,
+        reward = self.reward_section()
+        config = self.config if self.config is not None else {}
+        self.batch_manager = build_batch_manager(
+            get_reward_manager_cls(self.batch_name),
             self.tokenizer,
-            manager_cls=get_reward_manager_cls(self.batch_name),
-            compute_score=self.compute_score,
+            self.compute_score,
+            reward=reward,
+            data=config.get("data") or {},
+            trainer=config.get("trainer") or {},
             reward_router_address=self.reward_router_address,
             reward_model_tokenizer=self.reward_model_tokenizer,
-            **dict(self.reward_section().get("reward_kwargs") or {}),
+            **dict(reward.get("reward_kwargs") or {}),
         )
         self._one_at_a_time = threading.Lock()  # the batch manager's scoring pool serves one caller at a time
 
