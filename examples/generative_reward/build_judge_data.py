@@ -5,7 +5,7 @@ judge should give.
 
 For each question of the task's parquet files (veRL's schema: ``prompt`` messages, ``reward_model.ground_truth``),
 several candidate answers — the right one, near misses, other numbers — each as a chat asking the judge to compare
-the answer with the reference, and the verdict ``score: 1`` (they match) or ``score: 0``. Half the rows are right.
+the answer with the reference (``Reference: 7 Answer: 8``), and the verdict ``score: 1`` (they match) or ``score: 0``. Half the rows are right.
 Writes ``train.parquet`` and ``val.parquet`` with columns ``prompt`` (messages) and ``response`` (the verdict), the
 SFT trainer's single-turn layout.
 """
@@ -20,8 +20,9 @@ import pandas as pd
 
 
 def judge_prompt(question: str, answer: str, reference: str) -> list[dict[str, str]]:
-    """The chat a judge gets: the question, the answer to check and the reference answer."""
-    return [{"role": "user", "content": f"{question} Answer: {answer} Reference: {reference}"}]
+    """The chat a judge gets: the reference answer, then the answer to check (next to each other: a tiny model
+    learns to compare them far sooner than with the question between; ``question`` is not shown)."""
+    return [{"role": "user", "content": f"Reference: {reference} Answer: {answer}"}]
 
 
 def verdict(answer: str, reference: str) -> str:
