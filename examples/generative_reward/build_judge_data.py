@@ -5,9 +5,9 @@ judge should give.
 
 For each question of the task's parquet files (veRL's schema: ``prompt`` messages, ``reward_model.ground_truth``),
 several candidate answers — the right one, near misses, other numbers — each as a chat asking the judge to compare
-the answer with the reference (``Reference: 7 Answer: 8``), and the verdict ``score: 1`` (they match) or ``score: 0``. Half the rows are right.
-Writes ``train.parquet`` and ``val.parquet`` with columns ``prompt`` (messages) and ``response`` (the verdict), the
-SFT trainer's single-turn layout.
+the answer with the reference (``Reference: 7 Answer: 8``), and the verdict ``score: 1`` (they match) or
+``score: 0``. Half the rows are right. Writes ``train.parquet`` and ``val.parquet`` with columns ``prompt``
+(messages) and ``response`` (the verdict), the SFT trainer's single-turn layout.
 """
 
 from __future__ import annotations
