@@ -31,11 +31,13 @@ def verdict(answer: str, reference: str) -> str:
 
 
 def candidates(reference: str, rng: random.Random) -> list[str]:
-    """The right answer twice (half the rows are right) and two wrong ones: a near miss and another number."""
+    """The right answer three times (half the rows are right) and three wrong ones: a near miss, another number, and
+    what a policy early in training says (nothing, a number repeated, a number run into another)."""
     value = int(reference)
     near = value + rng.choice([-2, -1, 1, 2])
     other = rng.choice([n for n in range(0, 19) if n != value])
-    return [reference, reference, str(near), str(other)]
+    malformed = rng.choice(["", f"{reference} {reference}", f"{reference}{rng.randint(0, 9)}", f"{near}?"])
+    return [reference, reference, reference, str(near), str(other), malformed]
 
 
 def build(path: str, seed: int) -> pd.DataFrame:
