@@ -61,9 +61,20 @@ def _served_judge(config: Any, problems: list[str]) -> None:
             f"reward.reward_model.enable without reward.custom_reward_function.path: {path} is a causal LM (a "
             "generative judge); give a reward function that asks it, or a classifier whose score is the reward"
         )
-    if discriminative:
-        return
     rollout = rm.get("rollout") or {}
+    from verl.trainer.config.compose import compose_config
+
+    base = compose_config("ppo_trainer").reward.reward_model.rollout
+    if discriminative:  # a classifier's replica reads the dtype and the seed only
+        unread = [key for key in base if key not in ("dtype", "seed") and rollout.get(key) != base.get(key)]
+        if unread:
+            logger.warning(
+                "reward.reward_model.rollout.%s: a classifier at %s is served without a rollout engine, which reads "
+                "only dtype and seed",
+                "/".join(unread),
+                path,
+            )
+        return
     from verl.workers.rollout.registry import registered_rollouts
 
     name = rollout.get("name", "hf")
@@ -71,9 +82,6 @@ def _served_judge(config: Any, problems: list[str]) -> None:
         engines = registered_rollouts()
         problems.append(f"reward.reward_model.rollout.name={name!r}: the rollout engines are {engines}")
     if name == "hf":
-        from verl.trainer.config.compose import compose_config
-
-        base = compose_config("ppo_trainer").reward.reward_model.rollout
         changed = [key for key in VLLM_ONLY if rollout.get(key) != base.get(key)]
         if changed:
             logger.warning(
