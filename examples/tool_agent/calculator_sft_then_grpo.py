@@ -17,22 +17,9 @@ run's score, tool-call counts and tool errors per step.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-
-def run(module: str, cwd: Path, log: Path, *overrides: str) -> None:
-    """``python -m <module> <overrides>`` in ``cwd``, its file logger writing to ``log``; fails if it fails."""
-    cwd.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(log), "HYDRA_FULL_ERROR": "1"}
-    with open(cwd / "output.log", "w") as out:
-        proc = subprocess.run([sys.executable, "-m", module, *overrides], cwd=cwd, env=env, stdout=out, stderr=out)
-    if proc.returncode != 0:
-        tail = (cwd / "output.log").read_text()[-4000:]
-        raise SystemExit(f"{module} failed ({proc.returncode}); the end of {cwd / 'output.log'}:\n{tail}")
+from verl.utils.demo_runs import read_metrics, run_module
 
 
 def main() -> None:
@@ -50,7 +37,7 @@ def main() -> None:
     assets = ensure_tool_demo_assets(args.cache_dir)
     work = args.workdir.resolve()
     sft, rl = work / "sft", work / "rl"
-    run(
+    run_module(
         "verl.trainer.fsdp_sft_trainer",
         sft,
         sft / "metrics.jsonl",
@@ -71,7 +58,7 @@ def main() -> None:
         f"trainer.default_local_dir={sft / 'ckpt'}",
         "trainer.logger=[console,file]",
     )
-    run(
+    run_module(
         "verl.trainer.main_ppo",
         rl,
         rl / "metrics.jsonl",
@@ -105,12 +92,10 @@ def main() -> None:
         "trainer.logger=[console,file]",
         *extra,
     )
-    for line in (rl / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        data = record.get("data") or {}
+    for step, data in read_metrics(rl / "metrics.jsonl"):
         if "critic/score/mean" in data:
             print(
-                f"step {record['step']}: score {data['critic/score/mean']:.3f}, "
+                f"step {step}: score {data['critic/score/mean']:.3f}, "
                 f"tool calls {data.get('agent_loop/num_tool_calls', 0):.0f}, "
                 f"tool errors {data.get('agent_loop/tool_errors', 0):.0f}"
             )

@@ -7,6 +7,7 @@ import asyncio
 import json
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,8 +27,11 @@ from verl.trainer.config.validate import validate_config
 from verl.trainer.ppo.reward import load_reward_manager
 from verl.utils.demo import ensure_demo_assets
 from verl.utils.hf_tokenizer import hf_tokenizer
+from verl.utils.import_utils import load_extern_object
 from verl.workers.engine.hf_model import load_hf_model
 from verl.workers.reward_manager.abstract import RewardFunctionError
+
+EXAMPLE_JUDGE = Path(__file__).resolve().parents[3] / "examples" / "generative_reward" / "judge_reward.py"
 
 # veRL's generative-judge pattern: the function prompts the judge through the router and parses its text
 JUDGE = """
@@ -113,6 +117,11 @@ def test_the_judge_is_reached_from_a_verl_reward_function_through_the_router(ray
         status, reply = post(address, "/v1/completions", {"prompt": "x", "max_tokens": 0})
         assert status == 400 and "max_tokens=0 must be positive" in reply["error"]["message"]
         assert ray.get(router.stats.remote())["served"] == 4  # three judge calls and one completion
+        # the generative-reward example's function, through the same router: this judge is untrained, so its
+        # verdict does not parse, and the sample fails (it is counted; it never scores a silent 0)
+        example = load_extern_object(str(EXAMPLE_JUDGE), "compute_score")
+        with pytest.raises(ValueError, match=r"the judge's verdict '.*' is not 'score: 0' … 'score: 6'"):
+            example("verl/arithmetic", "7", "7", reward_router_address=address, reward_model_tokenizer=tokenizer)
         # a dead replica is named by role and rank; a judge that fails on every sample stops the run, naming it
         ray.kill(manager.worker_group.workers[0])
         status, reply = post(address, "/v1/completions", {"prompt": "x"})
