@@ -198,3 +198,37 @@ def test_a_failing_step_fails_the_requests_in_flight_and_the_engine_serves_on(en
     assert engine.num_requests() == 0
     out = engine.submit("after", prompt(32), {**GREEDY, "max_tokens": 5}).result(timeout=60)
     assert len(out.token_ids) == 5
+
+
+def test_prompt_logprobs_are_the_models_at_every_prompt_position_whatever_shares_the_batch(engine):
+    """A distillation teacher's request (veRL's ``prompt_logprobs``, one token generated): each prompt token's
+    log-prob (k = 0) or the top-k at each position, as one forward pass of the model over the prompt alone gives
+    them — also when requests of other lengths are prefilled together (left padding) and one asks nothing."""
+    prompts = [prompt(20, 12), prompt(21, 5), prompt(22, 9)]
+    asks = [0, 3, None]
+    futures = engine.submit_many(
+        [
+            (f"teacher{i}", p, {**GREEDY, "max_tokens": 1, **({} if k is None else {"prompt_logprobs": k})}, None)
+            for i, (p, k) in enumerate(zip(prompts, asks, strict=True))
+        ]
+    )
+    outs = [f.result(timeout=60) for f in futures]
+    for p, k, out in zip(prompts, asks, outs, strict=True):
+        if k is None:
+            assert "prompt_logprobs" not in out.extra_fields
+            continue
+        with torch.no_grad():
+            log_probs = torch.log_softmax(engine.model(torch.tensor([p])).logits[0].float(), -1)
+        ids, values = out.extra_fields["prompt_ids"], out.extra_fields["prompt_logprobs"]
+        assert len(ids) == len(values) == len(p) and values[0] == [0.0] * max(k, 1)  # nothing predicts token 0
+        if k == 0:
+            assert ids == [[t] for t in p]
+            expected = log_probs[:-1].gather(-1, torch.tensor(p[1:])[:, None])
+        else:
+            top = log_probs[:-1].topk(k, -1)
+            assert ids[1:] == top.indices.tolist()
+            expected = top.values
+        assert torch.allclose(torch.tensor(values[1:]), expected, atol=1e-5)
+        assert len(out.token_ids) == 1
+    with pytest.raises(ValueError, match=r"prompt_logprobs'\]=-1 must be an int >= 0"):
+        engine.submit("bad", prompts[0], {"prompt_logprobs": -1})

@@ -56,6 +56,23 @@ def _right_pad(tensor: torch.Tensor, width: int, value: float) -> torch.Tensor:
     return torch.cat([tensor, tensor.new_full((tensor.shape[0], missing), value)], dim=1)
 
 
+def prompt_position_log_probs(
+    log_probs: torch.Tensor, prompt_ids: list[int], k: int
+) -> tuple[list[list[int]], list[list[float]]]:
+    """veRL's ``prompt_ids`` / ``prompt_logprobs`` fields from the log-softmax at every prompt position
+    (``log_probs``: (len(prompt_ids), V), row i the distribution after token i): one row per prompt token, row i
+    about token i given the tokens before it. ``k = 0``: ``[token i]`` and its log-prob; ``k > 0``: the top-k
+    tokens and their log-probs, most likely first. Row 0 (nothing before it) is zeros (``[token 0]`` and 0.0 for
+    ``k = 0``)."""
+    if k == 0:
+        targets = torch.tensor(prompt_ids[1:], dtype=torch.long, device=log_probs.device)
+        values = log_probs[:-1].gather(-1, targets[:, None]).squeeze(-1).tolist()
+        return [[t] for t in prompt_ids], [[0.0]] + [[v] for v in values]
+    top = log_probs[:-1].topk(min(k, log_probs.shape[-1]), dim=-1)
+    width = top.indices.shape[-1]
+    return [[0] * width] + top.indices.tolist(), [[0.0] * width] + top.values.tolist()
+
+
 class RunningBatch:
     """Rows of running requests and their shared KV cache, for one model.
 
@@ -106,14 +123,19 @@ class RunningBatch:
             cache = DynamicCache(config=self.model.config)
         except TypeError:  # older transformers
             cache = DynamicCache()
+        asking = [r for r in requests if r.spec.prompt_logprobs is not None and r.prompt_logprobs is None]
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
             position_ids=(mask.cumsum(-1) - 1).clamp_(min=0),
             use_cache=True,
-            logits_to_keep=1,
+            logits_to_keep=0 if asking else 1,  # every position's logits where prompt log-probs are asked
             **{self.cache_kwarg: cache},
         )
+        for r in asking:  # their first prefill is of the prompt alone (the tokens of a resumed one are not asked)
+            row, length = out.logits[index[tuple(r.context_ids)]], len(r.prompt_ids)
+            log_probs = torch.log_softmax(row[width - len(r.context_ids) :][:length].float(), dim=-1)
+            r.prompt_logprobs = prompt_position_log_probs(log_probs, r.prompt_ids, r.spec.prompt_logprobs)
         logits = out.logits[:, -1, :].float()
         rows = torch.tensor([index[c] for c in contexts], device=self.device)
         if len(unique) != len(contexts):

@@ -60,6 +60,7 @@ _SAMPLING_KEYS = frozenset(
         "stop_token_ids",
         "ignore_eos",
         "logprobs",
+        "prompt_logprobs",
         "repetition_penalty",
         "detokenize",
         "n",
@@ -80,6 +81,7 @@ class SamplingSpec:
     ignore_eos: bool
     logprobs: bool
     repetition_penalty: float = 1.0
+    prompt_logprobs: int | None = None  # None: not asked; 0: each prompt token's own; k: the top-k at each position
 
     @property
     def greedy(self) -> bool:
@@ -130,6 +132,14 @@ def resolve_sampling_params(
         )
     stop = params.get("stop_token_ids")
     stop_ids = tuple(int(t) for t in (default_eos if stop is None else stop))
+    prompt_logprobs = params.get("prompt_logprobs")
+    if prompt_logprobs is not None and (
+        isinstance(prompt_logprobs, bool) or not isinstance(prompt_logprobs, int) or prompt_logprobs < 0
+    ):
+        raise ValueError(
+            f"generate({request_id!r}): sampling_params['prompt_logprobs']={prompt_logprobs!r} must be an int >= 0 "
+            "(0: each prompt token's log-prob; k: the top-k at each position) or None"
+        )
     seed = params.get("seed")
     if seed is None and temperature > 0:
         seed = _request_seed(config.seed, request_id)
@@ -143,6 +153,7 @@ def resolve_sampling_params(
         ignore_eos=bool(params.get("ignore_eos", config.ignore_eos)),
         logprobs=bool(params.get("logprobs", True)),
         repetition_penalty=float(params.get("repetition_penalty", 1.0)),
+        prompt_logprobs=prompt_logprobs,
     )
 
 
@@ -166,6 +177,9 @@ class RequestState:
         self.weight_versions: list[int] = list(partial.weight_versions) if partial else []
         self.num_preempted = int(partial.num_preempted or 0) if partial else 0
         self.admissions = 0  # how often the engine started it (a fresh engine-side id each time)
+        # with spec.prompt_logprobs, set by the engine at the first prefill: (ids, log-probs), one row per prompt
+        # position (veRL's ``prompt_ids`` / ``prompt_logprobs`` output fields)
+        self.prompt_logprobs: tuple[list[list[int]], list[list[float]]] | None = None
 
     @property
     def context_ids(self) -> list[int]:
@@ -177,12 +191,15 @@ class RequestState:
         return self.spec.max_tokens - len(self.token_ids)
 
     def output(self, stop_reason: str, finish_reason: str, version: int) -> TokenOutput:
+        extra: dict[str, Any] = {"finish_reason": finish_reason, "global_steps": version}
+        if self.prompt_logprobs is not None:
+            extra["prompt_ids"], extra["prompt_logprobs"] = self.prompt_logprobs
         return TokenOutput(
             token_ids=list(self.token_ids),
             log_probs=list(self.log_probs) if self.spec.logprobs else None,
             stop_reason=stop_reason,
             num_preempted=self.num_preempted,
-            extra_fields={"finish_reason": finish_reason, "global_steps": version},
+            extra_fields=extra,
             weight_versions=list(self.weight_versions),
         )
 
