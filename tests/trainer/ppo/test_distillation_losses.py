@@ -155,3 +155,46 @@ def test_the_actor_loss_adds_the_weighted_distillation_term_or_is_it_alone():
         policy, ACTOR, section(use_task_rewards=False, distillation_loss_coef=0.5), {"log_probs": student}, data
     )
     assert alone.item() == pytest.approx(distill.item())  # the coefficient applies beside task rewards only
+
+
+def test_the_distillation_section_resolves_its_teachers_and_names_every_mistake(caplog):
+    from omegaconf import OmegaConf
+
+    from verl.trainer.config.compose import compose_config
+    from verl.workers.config.distillation import DistillationConfig
+
+    base = compose_config("ppo_trainer").distillation
+    assert DistillationConfig.from_config(base) == DistillationConfig(n_gpus_per_node=8)  # off: nothing resolved
+    one = OmegaConf.merge(base, {"enabled": True, "n_gpus_per_node": 2, "nnodes": 1})
+    one.teacher_models.teacher_model.model_path = "/t"
+    config = DistillationConfig.from_config(one)
+    (teacher,) = config.teacher_models.values()
+    assert (teacher.key, teacher.num_replicas) == ("default", 2)  # the single teacher fills the pool
+    assert config.route("anything") is teacher and config.distillation_loss.teacher_logprobs_k == 0
+    two = OmegaConf.merge(
+        one,
+        {
+            "teacher_models": {
+                "math": {"key": "gsm8k", "model_path": "/m", "num_replicas": 1},
+                "code": {"key": "apps", "model_path": "/c", "num_replicas": 1},
+            },
+            "distillation_loss": {"loss_mode": "forward_kl_topk", "topk": 4},
+        },
+    )
+    with caplog.at_level("WARNING"):
+        config = DistillationConfig.from_config(two)
+    assert "teacher_models.teacher_model (model_path=/t) is dropped" in caplog.text
+    assert config.route("apps").model_path == "/c" and config.distillation_loss.teacher_logprobs_k == 4
+    with pytest.raises(ValueError, match=r"a sample's value 'wiki' names no teacher; teachers: \['apps', 'gsm8k'\]"):
+        config.route("wiki")
+    mistakes = {
+        "teacher pool distillation.n_gpus_per_node=0": {"n_gpus_per_node": 0},
+        "teachers' replicas take 2 device\\(s\\), the teacher pool .* has 4": {"n_gpus_per_node": 4},
+        "loss_mode=k1 with use_policy_gradient=false": {"distillation_loss": {"loss_mode": "k1"}},
+        "'nope' is not a registered distillation loss": {"distillation_loss": {"loss_mode": "nope"}},
+        "unknown key\\(s\\) \\['topp'\\]": {"distillation_loss": {"topp": 3}},
+        "teacher_models.code.model_path is not set": {"teacher_models": {"code": {"model_path": None}}},
+    }
+    for message, change in mistakes.items():
+        with pytest.raises(ValueError, match=message):
+            DistillationConfig.from_config(OmegaConf.merge(two, change))

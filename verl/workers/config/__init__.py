@@ -3,6 +3,7 @@
 from verl.workers.config.actor import ActorConfig, FSDPActorConfig, PolicyLossConfig, RefConfig
 from verl.workers.config.checkpoint import CheckpointConfig
 from verl.workers.config.critic import CriticConfig, CriticModelConfig, FSDPCriticConfig
+from verl.workers.config.distillation import DistillationConfig, DistillationLossConfig, DistillationTeacherModelConfig
 from verl.workers.config.engine import FSDPEngineConfig, McoreEngineConfig
 from verl.workers.config.megatron import McoreActorConfig, McoreCriticConfig, McoreOptimizerConfig
 from verl.workers.config.model import HFModelConfig
@@ -31,6 +32,9 @@ __all__ = [
     "CriticConfig",
     "CriticModelConfig",
     "CustomAsyncServerConfig",
+    "DistillationConfig",
+    "DistillationLossConfig",
+    "DistillationTeacherModelConfig",
     "FSDPActorConfig",
     "FSDPCriticConfig",
     "FSDPCriticModelCfg",
