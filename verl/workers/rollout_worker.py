@@ -170,11 +170,13 @@ class RolloutServerWorker(RolloutServing):
     Args:
         config: the ``actor_rollout_ref`` config (``model`` and ``rollout`` are read).
         role: ``rollout`` (the argument the trainer gives every worker class).
+        weights_from_path: the server's weights are the model path's and nothing is pushed to it (a served reward
+            model): after a sleep, :meth:`wake_up` loads them from the path again where the engine dropped them.
     """
 
     profile_role = "rollout"
 
-    def __init__(self, config: Any, role: str = "rollout", **kwargs: Any) -> None:
+    def __init__(self, config: Any, role: str = "rollout", weights_from_path: bool = False, **kwargs: Any) -> None:
         if role != "rollout":
             raise ValueError(f"RolloutServerWorker role={role!r}: it only serves (role 'rollout')")
         super().__init__(config["model"].get("external_lib"), (config.get("rollout") or {}).get("profiler"))
@@ -188,6 +190,7 @@ class RolloutServerWorker(RolloutServing):
         self._weight_receiver: ShmWeightReceiver | None = None
         self._broadcast_receiver: BroadcastReceiver | None = None
         self._staged: StagedWeights | None = None
+        self.weights_from_path = bool(weights_from_path)
         register_meshes(self)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -203,6 +206,26 @@ class RolloutServerWorker(RolloutServing):
             lora=self.lora,
             verify_weight_sync=self.verify_weight_sync,
         )
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def wake_up(self) -> int:
+        """Restore the engine's memory (see :meth:`RolloutServing.wake_up`); a server with ``weights_from_path``
+        whose engine dropped its weights on sleep loads them from the model path again."""
+        reload = self._rollout_asleep and self.weights_from_path and not self.rollout.weights_survive_sleep
+        held = RolloutServing.wake_up(self)
+        if reload:
+            from verl.workers.engine.hf_model import load_hf_model
+
+            model = load_hf_model(
+                self.rollout.model_path,
+                value_model=False,
+                dtype=torch.float32,  # the engine casts to its own dtype
+                seed=0,
+                trust_remote_code=self.model_config.trust_remote_code,
+            )
+            self.rollout.update_weights(model.state_dict().items())
+            logger.info("rollout server %d: weights reloaded from %s after a sleep", self.rank, self.model_config.path)
+        return held
 
     # ------------------------------------------------------------------ weights pushed through shared memory
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -1,7 +1,8 @@
 """Training runs scored by a served judge: veRL's quickstart with ``reward.reward_model.enable`` and a judge
 function written for veRL (it asks the judge through ``reward_router_address``), under the ``rate_limited``
-manager's run-wide limits — in ``colocate_async`` with the judge beside the training worker, and in
-``separate_async`` with the judge on a pool of its own (``sync`` scores the same way: tests/experimental)."""
+manager's run-wide limits — in ``sync`` with the judge beside the training worker (asleep while the trainer works,
+woken and reloaded from its path after each push), and in ``separate_async`` with the judge on a pool of its own
+(``colocate_async`` scores the same way, in the agent loops)."""
 
 from __future__ import annotations
 
@@ -55,8 +56,8 @@ def judged_run(work: Path, *mode: str) -> Prepared:
 
 @cli_run("judge", cost_s=60)
 def prepare_judge(work: Path) -> Prepared:
-    """colocate_async, the judge's replica beside the training worker."""
-    return judged_run(work, "trainer.v1.trainer_mode=colocate_async")
+    """sync, the judge's replica beside the training worker."""
+    return judged_run(work, "trainer.v1.trainer_mode=sync")
 
 
 @cli_run("judge_separate", cost_s=60)
@@ -88,3 +89,7 @@ def test_a_served_judge_scores_every_training_sample_through_the_router(cli_runs
             assert record["reward/error_count"] == 0 and record["reward/timeout_count"] == 0
             scores = [j["score"] for j in judged[step * 16 : (step + 1) * 16]]
             assert abs(record["critic/score/mean"] - sum(scores) / 16) < 1e-6, (name, step)
+    # beside the trainer, the judge slept after each step's generation; it judged the next step and the validation
+    # after the push woke it (the hf engine drops its weights on sleep: it reloaded them from its path)
+    assert cli_runs["judge"].output.count("reward model replicas asleep") == 2
+    assert "reward model replicas asleep" not in cli_runs["judge_separate"].output  # its own pool: always awake

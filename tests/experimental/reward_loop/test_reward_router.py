@@ -122,6 +122,12 @@ def test_the_judge_is_reached_from_a_verl_reward_function_through_the_router(ray
         example = load_extern_object(str(EXAMPLE_JUDGE), "compute_score")
         with pytest.raises(ValueError, match=r"the judge's verdict '.*' is not 'score: 0' … 'score: 6'"):
             example("verl/arithmetic", "7", "7", reward_router_address=address, reward_model_tokenizer=tokenizer)
+        # asleep, the replica holds far less; woken, it reloaded the judge's weights from its path: the same verdicts
+        awake = manager.worker_group.wake_up()[0]  # what an awake replica holds (waking it changes nothing)
+        asleep = manager.sleep()[0]
+        assert asleep < awake / 10, (asleep, awake)
+        manager.wake_up()
+        assert reward_fn(data, return_dict=True)["reward_extra_info"]["judge_text"] == texts
         # a dead replica is named by role and rank; a judge that fails on every sample stops the run, naming it
         ray.kill(manager.worker_group.workers[0])
         status, reply = post(address, "/v1/completions", {"prompt": "x"})

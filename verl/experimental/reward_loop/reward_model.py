@@ -12,7 +12,10 @@ With ``reward.reward_model.enable`` the run serves ``reward.reward_model.model_p
    a classifier (a *discriminative* reward model, whose score is the reward when no custom function is given) a
    :class:`~verl.experimental.reward_loop.score_server.RewardScoreServer`.
 
-The reward model's weights never change: nothing is pushed to these servers.
+The reward model's weights never change: nothing is pushed to these servers. Replicas beside the training workers
+sleep when the policy's rollout engines do (:meth:`RewardModelManager.sleep`, called by the trainer's
+``CheckpointManager``) and are woken after the next weight push; an engine that drops its weights on sleep (hf)
+loads them from ``model_path`` again.
 """
 
 from __future__ import annotations
@@ -35,8 +38,7 @@ def served_reward_model(config: Any) -> bool:
 
 def colocated_judge(config: Any) -> bool:
     """Whether the served reward model's replicas share the training workers' bundles (no pool of its own): one
-    replica beside each training worker, in a process of its own. Its weights are never pushed, so it is never put
-    to sleep: it keeps its memory while the trainer works."""
+    replica beside each training worker, in a process of its own, asleep while the policy's engines are."""
     return served_reward_model(config) and not config.reward.reward_model.get("enable_resource_pool", False)
 
 
@@ -76,7 +78,8 @@ class RewardModelManager:
         server_cls, role = (
             (RewardScoreServer, "reward_model") if self.discriminative else (RolloutServerWorker, "rollout")
         )
-        cls = RayClassWithInitArgs(remote_worker_class(server_cls), config=worker_config, role=role)
+        extra = {} if self.discriminative else {"weights_from_path": True}
+        cls = RayClassWithInitArgs(remote_worker_class(server_cls), config=worker_config, role=role, **extra)
         self.worker_group = RayWorkerGroup(resource_pool, cls, name_prefix="reward_model_")
         self.worker_group.init_model()
         prefix = getattr(self.worker_group, "method_prefix", "")
@@ -87,6 +90,21 @@ class RewardModelManager:
         replicas = ray.get(router.add_servers.remote(self.handles, self.discriminative))
         kind = "discriminative" if self.discriminative else "generative"
         logger.info("%s reward model %s: %d replica(s) behind the router", kind, worker_config.model.path, replicas)
+
+    def sleep(self) -> list[int]:
+        """Free the replicas' memory until :meth:`wake_up`; returns the bytes each still holds (a generative
+        judge's; a classifier's replicas have no sleep and keep theirs: [])."""
+        if self.discriminative:
+            return []
+        held = self.worker_group.sleep()
+        logger.info("reward model replicas asleep (%s bytes held)", held)
+        return held
+
+    def wake_up(self) -> None:
+        """Restore the replicas' memory and weights (loaded from the model path again where the engine dropped
+        them)."""
+        if not self.discriminative:
+            self.worker_group.wake_up()
 
     def get_router_address(self) -> str:
         """The router's ``host:port``."""

@@ -267,6 +267,7 @@ class RayPPOTrainer(
         early = not resident and not self.config.actor_rollout_ref.rollout.agent.get("agent_loop_manager_class")
         if early:
             self._create_rollout_manager()
+        self.reward_model_manager = None
         if served_reward_model(self.config) and Role.RewardModel not in self.role_worker_mapping:
             # the reward model's replicas (own pool, or beside the training workers), behind the router
             rm_pool = self.resource_pool_manager.get_resource_pool(Role.RewardModel)
@@ -285,7 +286,8 @@ class RayPPOTrainer(
             self._create_rollout_manager()
         free_cache = self.config.actor_rollout_ref.rollout.free_cache_engine and not resident
         receivers = self.rollout_wg if separate else None  # a push staged in the servers of their own pool
-        self.checkpoint_manager = CheckpointManager(self.actor_rollout_wg, self.state, free_cache, receivers)
+        judge = self.reward_model_manager if colocated_judge(self.config) else None
+        self.checkpoint_manager = CheckpointManager(self.actor_rollout_wg, self.state, free_cache, receivers, judge)
         if resident:  # the servers loaded the model from its path: they get the actor's weights as version 0
             self.checkpoint_manager.resync_weights()
         if self.config.actor_rollout_ref.rollout.get("skip_rollout", False):

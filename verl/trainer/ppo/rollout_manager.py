@@ -134,13 +134,24 @@ class CheckpointManager:
         free_cache_engine: whether :meth:`sleep_replicas` frees the engines' memory (``rollout.free_cache_engine``).
         receivers: rollout servers on a pool of their own (``trainer.mode=separate_async``): each push is staged in
             them (their ``receive_weights`` runs while the actor broadcasts); they load it when told to.
+        sleeps_with: what shares the engines' memory and sleeps with them, woken after each push (a served reward
+            model beside the training workers: its ``sleep()`` / ``wake_up()``).
     """
 
-    def __init__(self, worker_group: Any, state: Any, free_cache_engine: bool = True, receivers: Any = None) -> None:
+    def __init__(
+        self,
+        worker_group: Any,
+        state: Any,
+        free_cache_engine: bool = True,
+        receivers: Any = None,
+        sleeps_with: Any = None,
+    ) -> None:
         self.worker_group = worker_group
         self.state = state
         self.free_cache_engine = bool(free_cache_engine)
         self.receivers = receivers
+        self.sleeps_with = sleeps_with
+        self._companion_asleep = False
 
     def update_weights(self, global_steps: int | None = None) -> dict[str, float]:
         """Push the actor's current weights into every rollout engine as version ``state.weight_version + 1``
@@ -149,6 +160,9 @@ class CheckpointManager:
         version = self.state.weight_version + 1
         metrics = self._send(version)
         self.state.weight_version = version
+        if self._companion_asleep:
+            self.sleeps_with.wake_up()
+            self._companion_asleep = False
         return metrics
 
     def resync_weights(self) -> dict[str, float]:
@@ -159,6 +173,9 @@ class CheckpointManager:
         """Free the rollout engines' memory until the next push (when ``rollout.free_cache_engine``)."""
         if self.free_cache_engine:
             self.worker_group.sleep()
+            if self.sleeps_with is not None and not self._companion_asleep:
+                self.sleeps_with.sleep()
+                self._companion_asleep = True
 
     def _send(self, version: int) -> dict[str, float]:
         from verl.checkpoint_engine.manager import push_weights  # the push, shared with CheckpointEngineManager

@@ -60,6 +60,9 @@ class BaseRollout(RequestServing, abc.ABC):
 
     #: Whether ``sleep`` really frees memory. Engines that cannot sleep make it a no-op and say so here.
     supports_sleep: ClassVar[bool] = False
+    #: Whether the weights' values survive ``sleep`` / ``wake_up`` (vLLM's level-1 sleep keeps them in host memory);
+    #: when not, a woken engine holds no values until ``update_weights`` fills them.
+    weights_survive_sleep: ClassVar[bool] = True
 
     def __init__(
         self, config: RolloutConfig, model_path: str, device: str | torch.device = "cpu", **kwargs: Any

@@ -93,6 +93,7 @@ class HFRollout(BaseRollout):
     """
 
     supports_sleep: ClassVar[bool] = True
+    weights_survive_sleep: ClassVar[bool] = False  # sleep drops them
 
     def __init__(
         self, config: RolloutConfig, model_path: str, device: str | torch.device = "cpu", **kwargs: Any
