@@ -1,8 +1,8 @@
 """Training runs scored by a served judge: veRL's quickstart with ``reward.reward_model.enable`` and a judge
 function written for veRL (it asks the judge through ``reward_router_address``), under the ``rate_limited``
 manager's run-wide limits — in ``sync`` with the judge beside the training worker (asleep while the trainer works,
-woken and reloaded from its path after each push), and in ``separate_async`` with the judge on a pool of its own
-(``colocate_async`` scores the same way, in the agent loops)."""
+woken and reloaded from its path after each push), in ``colocate_async`` beside it too (awake: generation overlaps
+training), and in ``separate_async`` with the judge on a pool of its own."""
 
 from __future__ import annotations
 
@@ -60,6 +60,12 @@ def prepare_judge(work: Path) -> Prepared:
     return judged_run(work, "trainer.v1.trainer_mode=sync")
 
 
+@cli_run("judge_colocate", cost_s=60)
+def prepare_judge_colocate(work: Path) -> Prepared:
+    """colocate_async, the judge's replica beside the training worker."""
+    return judged_run(work, "trainer.v1.trainer_mode=colocate_async")
+
+
 @cli_run("judge_separate", cost_s=60)
 def prepare_judge_separate(work: Path) -> Prepared:
     """separate_async (one rollout server on a pool of its own), the judge on a pool of its own too."""
@@ -74,9 +80,9 @@ def prepare_judge_separate(work: Path) -> Prepared:
     )
 
 
-@needs("judge", "judge_separate")
+@needs("judge", "judge_colocate", "judge_separate")
 def test_a_served_judge_scores_every_training_sample_through_the_router(cli_runs):
-    for name in ("judge", "judge_separate"):
+    for name in ("judge", "judge_colocate", "judge_separate"):
         code, output, records, work = cli_runs[name]
         assert code == 0, output[-3000:]
         assert "reaches the reward model at http://" in output and "1 replica(s) behind the router" in output
@@ -92,4 +98,5 @@ def test_a_served_judge_scores_every_training_sample_through_the_router(cli_runs
     # beside the trainer, the judge slept after each step's generation; it judged the next step and the validation
     # after the push woke it (the hf engine drops its weights on sleep: it reloaded them from its path)
     assert cli_runs["judge"].output.count("reward model replicas asleep") == 2
-    assert "reward model replicas asleep" not in cli_runs["judge_separate"].output  # its own pool: always awake
+    for name in ("judge_colocate", "judge_separate"):  # generation overlaps training / a pool of its own: awake
+        assert "reward model replicas asleep" not in cli_runs[name].output
