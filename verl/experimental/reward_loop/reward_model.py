@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from omegaconf import OmegaConf
+from verl.experimental.served_model import served_model_worker_config, start_model_servers
 
 __all__ = ["RewardModelManager", "colocated_judge", "reward_model_worker_config", "served_reward_model"]
 
@@ -46,12 +46,7 @@ def reward_model_worker_config(config: Any) -> Any:
     """The reward model servers' worker config: ``model`` (``reward.reward_model.model_path``, the policy's
     ``trust_remote_code``) and ``rollout`` (the policy's rollout settings under ``reward.reward_model.rollout``)."""
     rm = config.reward.reward_model
-    policy = config.actor_rollout_ref
-    resolved = OmegaConf.to_container(policy.rollout, resolve=True)  # its interpolations point into the config
-    rollout = OmegaConf.merge(resolved, OmegaConf.to_container(rm.get("rollout") or {}, resolve=True))
-    rollout.n = 1
-    model = {"path": rm.model_path, "trust_remote_code": bool(policy.model.get("trust_remote_code", False))}
-    return OmegaConf.create({"model": model, "rollout": rollout})
+    return served_model_worker_config(config, rm.model_path, rm.get("rollout"))
 
 
 class RewardModelManager:
@@ -66,27 +61,13 @@ class RewardModelManager:
     def __init__(self, config: Any, resource_pool: Any, router: Any) -> None:
         import ray
 
-        from verl.experimental.agent_loop.server_manager import ServerHandle
         from verl.experimental.reward_loop.score_server import RewardScoreServer, is_discriminative
-        from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
-        from verl.single_controller.ray.colocated import remote_worker_class
-        from verl.workers.rollout_worker import RolloutServerWorker
 
         self.router = router
         worker_config = reward_model_worker_config(config)
         self.discriminative = is_discriminative(worker_config.model.path)
-        server_cls, role = (
-            (RewardScoreServer, "reward_model") if self.discriminative else (RolloutServerWorker, "rollout")
-        )
-        extra = {} if self.discriminative else {"weights_from_path": True}
-        cls = RayClassWithInitArgs(remote_worker_class(server_cls), config=worker_config, role=role, **extra)
-        self.worker_group = RayWorkerGroup(resource_pool, cls, name_prefix="reward_model_")
-        self.worker_group.init_model()
-        prefix = getattr(self.worker_group, "method_prefix", "")
-        self.handles = [
-            ServerHandle(worker, prefix, name=f"reward_model rank {rank}")
-            for rank, worker in enumerate(self.worker_group.workers)
-        ]
+        server = (RewardScoreServer, "reward_model") if self.discriminative else (None, "rollout")
+        self.worker_group, self.handles = start_model_servers(resource_pool, worker_config, "reward_model", *server)
         replicas = ray.get(router.add_servers.remote(self.handles, self.discriminative))
         kind = "discriminative" if self.discriminative else "generative"
         logger.info("%s reward model %s: %d replica(s) behind the router", kind, worker_config.model.path, replicas)
