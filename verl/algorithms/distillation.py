@@ -170,7 +170,13 @@ def compute_forward_kl_topk(
             f"{tuple(teacher_topk_ids.shape)} and log-probs {tuple(teacher_topk_log_probs.shape)} must agree on "
             "(batch, positions), the teacher's two on k"
         )
-    k = teacher_topk_ids.shape[-1]
+    k, vocab = teacher_topk_ids.shape[-1], student_logits.shape[-1]
+    if teacher_topk_ids.numel() and not 0 <= int(teacher_topk_ids.min()) <= int(teacher_topk_ids.max()) < vocab:
+        raise ValueError(
+            f"forward_kl_topk: the teacher's token ids span [{int(teacher_topk_ids.min())}, "
+            f"{int(teacher_topk_ids.max())}], outside the student's vocabulary of {vocab}: teacher and student must "
+            "share a tokenizer"
+        )
     chunk = int(_get(loss_config, "chunked_topk_chunk_size", 4096)) if _get(loss_config, "use_chunked_topk") else None
     student = _topk_log_probs(student_logits, teacher_topk_ids.long(), chunk)
     teacher = teacher_topk_log_probs.float()

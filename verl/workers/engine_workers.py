@@ -4,7 +4,8 @@ veRL 0.10 deleted its legacy ``fsdp_workers`` and runs every role on "engine wor
 workers of `verl.workers.fsdp_workers` are those workers already, so this module names them:
 
 - ``ActorRolloutRefWorker(config, role, distillation_config=None)``: the actor / rollout / reference worker
-  (``distillation_config`` with ``enabled: true`` is refused: distillation is not built yet);
+  (with ``distillation_config`` enabled, the actor's update adds the distillation term: the batch must carry
+  ``teacher_logprobs`` / ``teacher_ids``);
 - ``TrainingWorker``: the worker veRL 0.10's ``BaseTaskRunner.add_critic_worker`` maps ``Role.Critic`` to; here the
   critic worker, built from the ``critic`` config the trainer gives it.
 """

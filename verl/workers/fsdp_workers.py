@@ -49,6 +49,7 @@ from verl.workers.config.builders import (
     build_ref_config,
     build_rollout_config,
 )
+from verl.workers.config.distillation import DistillationConfig
 from verl.workers.config.lora import LoraSpec
 from verl.workers.critic import DataParallelPPOCritic
 from verl.workers.engine import get_engine_class
@@ -94,9 +95,8 @@ class ActorRolloutRefWorker(RolloutServing, RemoteRolloutWeights, fsdp_legacy.Le
             )
         if role not in ROLES:
             raise ValueError(f"ActorRolloutRefWorker role={role!r}; use one of {list(ROLES)}")
-        distillation = kwargs.get("distillation_config")  # veRL 0.10's argument
-        if distillation is not None and distillation.get("enabled", False):
-            raise NotImplementedError("ActorRolloutRefWorker(distillation_config=...): distillation is not built yet")
+        # veRL 0.10's argument: the actor's update gains the distillation term (the batch brings the teachers' view)
+        self.distillation_config = DistillationConfig.from_config(kwargs.get("distillation_config"))
         trains = role in ("actor", "actor_ref", "actor_rollout", "actor_rollout_ref")
         profiled = config["actor"] if trains else config.get(role, {})
         super().__init__(config["model"].get("external_lib"), profiled.get("profiler"))
@@ -141,7 +141,7 @@ class ActorRolloutRefWorker(RolloutServing, RemoteRolloutWeights, fsdp_legacy.Le
                 trust_remote_code=model.trust_remote_code,
                 role="actor",
             )
-            self.actor = DataParallelPPOActor(cfg, engine=self.actor_engine)
+            self.actor = DataParallelPPOActor(cfg, engine=self.actor_engine, distillation=self.distillation_config)
         if self._ref_in_actor:
             self.ref_engine = self.actor_engine
             self.ref_policy = DataParallelPPOActor(self.ref_config, engine=self.actor_engine)

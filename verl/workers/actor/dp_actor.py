@@ -30,8 +30,10 @@ from verl.utils.py_functional import call_with_accepted_kwargs
 from verl.utils.seqlen_balancing import rearrange_micro_batches, restore_order
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 from verl.utils.ulysses import check_sp_size
+from verl.workers.actor.distillation_term import DistillationTerm, reduce_micro_metrics
 from verl.workers.actor.zero_adv import ZeroAdvantageSkip, zero_adv_skip_reason
 from verl.workers.config.actor import ActorConfig, RefConfig
+from verl.workers.config.distillation import DistillationConfig
 from verl.workers.engine.base import TrainingEngine, as_engine
 
 __all__ = ["DataParallelPPOActor", "ForwardOutputs", "global_counts", "resolve_actor_config", "split_micro_batches"]
@@ -163,8 +165,12 @@ class DataParallelPPOActor:
         actor_optimizer: torch.optim.Optimizer | None = None,
         *,
         engine: TrainingEngine | None = None,
+        distillation: DistillationConfig | None = None,
     ):
         self.config: ActorConfig | RefConfig = resolve_actor_config(config)
+        # on-policy distillation's term of the update (distillation.enabled), see verl.workers.actor.distillation_term
+        enabled = distillation is not None and distillation.enabled
+        self.distillation = DistillationTerm(distillation) if enabled else None
         owner = engine_of(actor_module)
         if engine is None and owner is not None and owner.optimizer is actor_optimizer:
             engine = owner
@@ -183,6 +189,8 @@ class DataParallelPPOActor:
         self.zero_adv_skip_reason = (
             zero_adv_skip_reason(self.config) if isinstance(self.config, ActorConfig) else "a log-prob-only policy"
         )
+        if self.distillation is not None:
+            self.zero_adv_skip_reason = "on-policy distillation (distillation.enabled) reads every sample"
 
     # ------------------------------------------------------------------ forward
     def _forward_micro_batch(
@@ -206,10 +214,13 @@ class DataParallelPPOActor:
         calculate_entropy: bool,
         calculate_sum_pi_squared: bool = False,
         entropy_grad: bool = True,
+        distillation_pieces: bool = False,
     ) -> dict[str, torch.Tensor]:
         """``log_probs`` of the response tokens, and their ``entropys`` / ``sum_pi_squared`` (Σ_v π_v² of the
         tempered distribution, for the optimal-token-baseline estimators) when asked for. Shape: (micro_bs,
         response_length) each. ``entropy_grad=False`` computes the entropy outside autograd (a metric only).
+        ``distillation_pieces``: also the top-k distillation loss's pieces (the batch's ``teacher_ids`` /
+        ``teacher_logprobs`` against these logits, see `verl.workers.actor.distillation_term`).
 
         With ``use_remove_padding`` the model sees no pad tokens (see `verl.utils.padding`); outputs at padding
         (where the token that predicts a response token is itself padding) are 0.
@@ -247,6 +258,8 @@ class DataParallelPPOActor:
                 out["entropys"] = entropy_from_logits(logits)
         if calculate_sum_pi_squared:
             out["sum_pi_squared"] = torch.softmax(logits.float(), dim=-1).square().sum(-1)
+        if distillation_pieces:
+            out.update(self.distillation.topk_pieces(logits, batch, slot if self.use_remove_padding else None))
         if self.use_remove_padding:
             out = {key: pad_input(value, slot, bs, response_length) for key, value in out.items()}
         return out
@@ -322,6 +335,8 @@ class DataParallelPPOActor:
             keys.append("ref_log_prob")
         if "rollout_is_weights" in data.batch.keys():
             keys.append("rollout_is_weights")
+        if self.distillation is not None:
+            keys += [k for k in self.distillation.batch_keys(on_policy) if k not in keys]
         missing = [k for k in keys if k not in data.batch.keys()]
         if missing:
             raise KeyError(f"update_policy needs batch keys {missing}")
@@ -352,9 +367,10 @@ class DataParallelPPOActor:
                 if on_policy:
                     recorded["old_log_probs"].append(log_prob.detach())
                     recorded["entropys"].append(forward["entropys"].detach())
+                old_log_prob = log_prob.detach() if on_policy else mb["old_log_probs"]
                 pg_loss, pg_metrics = call_with_accepted_kwargs(  # a user's loss gets what it declares
                     policy_loss_fn,
-                    old_log_prob=log_prob.detach() if on_policy else mb["old_log_probs"],
+                    old_log_prob=old_log_prob,
                     log_prob=log_prob,
                     advantages=mb["advantages"],
                     response_mask=mask,
@@ -373,6 +389,9 @@ class DataParallelPPOActor:
                     kl_loss = agg_loss(kld, mask, cfg.loss_agg_mode, **batch_info)
                     loss = loss + cfg.kl_loss_coef * kl_loss
                     sums["actor/kl_loss"] += float(kl_loss.detach())
+                if self.distillation is not None:
+                    loss, distill_metrics = self.distillation.add(loss, loss_config, forward, mb, old_log_prob)
+                    reduce_micro_metrics(sums, distill_metrics, float(mask.sum()) / local_tokens)
                 if has_graph:
                     loss.backward()
                     backward_ran = True
@@ -401,7 +420,11 @@ class DataParallelPPOActor:
         skipped the gradient pass (zero advantage: forwarded without gradients, see `verl.workers.actor.zero_adv`)."""
         want_entropy = calculate_entropy or on_policy
         if self.zero_adv_skip_reason is not None:
-            return self._forward_outputs(micro, temperature, want_entropy, entropy_grad=calculate_entropy), True, 0
+            pieces = self.distillation is not None and self.distillation.use_topk
+            out = self._forward_outputs(
+                micro, temperature, want_entropy, entropy_grad=calculate_entropy, distillation_pieces=pieces
+            )
+            return out, True, 0
         plan = ZeroAdvantageSkip(micro.batch["advantages"], micro.batch["response_mask"], must_backward)
         skipped: dict[str, torch.Tensor] = {}
         if plan.no_grad_rows is not None:
