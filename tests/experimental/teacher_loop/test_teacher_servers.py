@@ -45,7 +45,7 @@ def teachers(tmp_path_factory):
             },
         },
     )
-    return config, {"gsm8k": assets.model_path, "apps": str(other)}
+    return config, {"gsm8k": assets.model_path, "apps": str(other)}, assets
 
 
 def forward_log_probs(path: str, ids: list[int]) -> torch.Tensor:
@@ -55,11 +55,12 @@ def forward_log_probs(path: str, ids: list[int]) -> torch.Tensor:
 
 
 def test_each_sample_is_scored_by_its_teacher_at_every_position(ray_cluster, teachers):
-    config, paths = teachers
+    config, paths, _ = teachers
     pool = RayResourcePool([2], use_gpu=False, max_colocate_count=1, name_prefix="teacher_pool")
     manager = MultiTeacherModelManager(config, pool)
     try:
         assert sorted(manager.server_handles) == ["apps", "gsm8k"]
+        ray_cluster.cloudpickle.loads(ray_cluster.cloudpickle.dumps(manager.get_client()))  # to agent-loop actors
         sequence = hf_tokenizer(paths["gsm8k"])("What is 3 + 4? 7", add_special_tokens=False)["input_ids"]
         for k, loss in ((0, "k3"), (3, "forward_kl_topk")):
             config.distillation.distillation_loss.loss_mode = loss
@@ -84,3 +85,46 @@ def test_each_sample_is_scored_by_its_teacher_at_every_position(ray_cluster, tea
     finally:
         manager.shutdown()
         pool.release()
+
+
+def test_the_agent_loops_attach_each_training_samples_teacher_view_and_never_in_validation(ray_cluster, teachers):
+    """veRL's flow: a sample finishes, its prompt + response go to its teacher, and the teacher's log-prob of each
+    response token given what precedes it lands in ``teacher_ids`` / ``teacher_logprobs`` (zeros past the response);
+    validation asks no teacher."""
+    from tests.experimental.test_agent_loop import PROMPT_LEN, prompt_batch
+    from verl.experimental.agent_loop.worker import AgentLoopWorkerBase
+    from verl.experimental.served_model import served_model_worker_config, start_model_servers
+
+    config, paths, assets = teachers
+    config.distillation.distillation_loss.loss_mode = "k3"
+    config.actor_rollout_ref.rollout.prompt_length, config.actor_rollout_ref.rollout.response_length = PROMPT_LEN, 6
+    teacher_pool = RayResourcePool([2], use_gpu=False, max_colocate_count=1, name_prefix="teacher_pool_loop")
+    policy_pool = RayResourcePool([1], use_gpu=False, max_colocate_count=1, name_prefix="policy_pool_loop")
+    manager = MultiTeacherModelManager(config, teacher_pool)
+    policy_config = served_model_worker_config(config, paths["gsm8k"], {})
+    group, handles = start_model_servers(policy_pool, policy_config, "policy")
+    try:
+        worker = AgentLoopWorkerBase(config, handles, teacher_client=manager.get_client())
+        routes = ["gsm8k", "apps", "apps", "gsm8k"]
+        prompts = prompt_batch(assets, rows=4, data_source=routes)
+        prompts.meta_info.update({"do_sample": False, "global_steps": 1})
+        out = asyncio.run(worker.generate_sequences(prompts))
+        ids, log_probs = out.batch["teacher_ids"], out.batch["teacher_logprobs"]
+        assert ids.shape == log_probs.shape == (4, 6, 1)
+        mask = out.batch["response_mask"].bool()
+        for i, route in enumerate(routes):
+            prompt = list(prompts.non_tensor_batch["raw_prompt_ids"][i])
+            response = out.batch["responses"][i][mask[i]].tolist()
+            expected = forward_log_probs(paths[route], prompt + response)  # row p predicts token p + 1
+            start = len(prompt) - 1
+            want = expected[start : start + len(response)].gather(-1, torch.tensor(response)[:, None])
+            assert ids[i, : len(response), 0].tolist() == response
+            assert torch.allclose(log_probs[i, : len(response)], want, atol=1e-5), route
+            assert not log_probs[i, len(response) :].any()
+        prompts.meta_info["validate"] = True
+        assert "teacher_logprobs" not in asyncio.run(worker.generate_sequences(prompts)).batch.keys()
+    finally:
+        group.shutdown()
+        manager.shutdown()
+        teacher_pool.release()
+        policy_pool.release()

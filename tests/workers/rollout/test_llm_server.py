@@ -355,8 +355,8 @@ def test_agent_loop_manager_create_generates_as_the_manager_over_the_worker_grou
 def test_agent_loop_manager_create_refuses_what_is_not_built(servers):
     config, _, manager = servers
     client = manager.get_client()
-    with pytest.raises(NotImplementedError, match="on-policy distillation"):
-        AgentLoopManager.create(config, llm_client=client, teacher_client={"teacher": client})
+    with pytest.raises(ValueError, match=r"teacher clients for \['teacher'\] but the teachers' keys are \[\]"):
+        AgentLoopManager.create(config, llm_client=client, teacher_client={"teacher": client})  # distillation off
     with pytest.raises(NotImplementedError, match="veRL's reward-loop worker processes have no counterpart here"):
         AgentLoopManager.create(config, llm_client=client, reward_loop_worker_handles=[])
     with pytest.raises(ValueError, match="AgentLoopManager.create needs llm_client"):

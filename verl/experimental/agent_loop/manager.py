@@ -109,6 +109,8 @@ class AgentLoopManager:
         step: returns the trainer's current step (it seeds sampling).
         llm_client: veRL 0.10's client the agent loops send their requests through (instead of one
             ``AsyncLLMServerManager`` per agent-loop worker over ``worker_group``'s engines); see :meth:`create`.
+        teacher_client: on-policy distillation's teachers, one client per teacher key
+            (`verl.experimental.teacher_loop`): each training sample gets its teacher's view as it finishes.
     """
 
     def __init__(
@@ -123,6 +125,7 @@ class AgentLoopManager:
         val_reward_fn: Any = None,
         step: Any = None,
         llm_client: Any = None,
+        teacher_client: Any = None,
     ) -> None:
         standalone = rollout_resource_pool is not None or rm_resource_pool is not None
         if standalone or (worker_group is None and llm_client is None):
@@ -141,6 +144,11 @@ class AgentLoopManager:
         self.tokenizer = tokenizer
         self.step = step or (lambda: 0)
         self.llm_client = llm_client
+        self.teacher_client = teacher_client
+        if teacher_client is not None:  # the keys checked against distillation.teacher_models now, not in a worker
+            from verl.experimental.teacher_loop import AsyncTeacherLLMServerManager
+
+            AsyncTeacherLLMServerManager(config, teacher_client)
         if llm_client is not None:  # its servers: where the agent-loop workers go, and whom to ask after a failure
             handles = getattr(llm_client, "server_handles", None)
             self.server_handles = list(handles()) if callable(handles) else []
@@ -163,11 +171,6 @@ class AgentLoopManager:
         """veRL 0.10's constructor: agent loops sending their requests through ``llm_client``
         (``LLMServerManager.create(config, worker_group=...).get_client()``). ``kwargs`` are ours (``tokenizer``,
         ``reward_fn``, ``val_reward_fn``, ``step``). Callable from sync code, or awaited."""
-        if teacher_client is not None:
-            raise NotImplementedError(
-                "AgentLoopManager.create(teacher_client=...): on-policy distillation (veRL's distillation.*, teacher "
-                "servers scoring the student's tokens) is not built yet; pass teacher_client=None"
-            )
         if reward_loop_worker_handles is not None:
             raise NotImplementedError(
                 "AgentLoopManager.create(reward_loop_worker_handles=...): veRL's reward-loop worker processes have no "
@@ -180,7 +183,7 @@ class AgentLoopManager:
                 "AgentLoopManager.create needs llm_client: LLMServerManager.create(config, worker_group=...)"
                 ".get_client()"
             )
-        return cls(config, llm_client=llm_client, **kwargs)
+        return cls(config, llm_client=llm_client, teacher_client=teacher_client, **kwargs)
 
     def _num_workers(self, nodes: list[str] | None) -> int:
         configured = self.rollout_config.agent.num_workers
@@ -202,9 +205,11 @@ class AgentLoopManager:
         cls = self.agent_loop_workers_class
         count = self._num_workers(nodes)
         servers = self.server_handles if self.llm_client is None else self.llm_client  # the workers route with it
+        # a recipe's worker class need not know the argument: given only when there are teachers
+        teachers = {} if self.teacher_client is None else {"teacher_client": self.teacher_client}
         if count == 0:  # the agent loops' own copies of the reward managers (they quiet their printing)
             local = getattr(cls, "__ray_actor_class__", cls)
-            worker = local(self.config, servers, copy.copy(reward_fn), copy.copy(val_reward_fn))
+            worker = local(self.config, servers, copy.copy(reward_fn), copy.copy(val_reward_fn), **teachers)
             self.agent_loop_workers = [InProcessAgentLoopWorker(worker)]
             logger.info("agent loops: in this process (rollout.agent.num_workers=0)")
             return
@@ -217,7 +222,7 @@ class AgentLoopManager:
                 node = nodes[i % len(nodes)]
                 options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node, soft=True)
             self.agent_loop_workers.append(
-                cls.options(**options).remote(self.config, servers, reward_fn, val_reward_fn)
+                cls.options(**options).remote(self.config, servers, reward_fn, val_reward_fn, **teachers)
             )
 
     # ------------------------------------------------------------------ generation

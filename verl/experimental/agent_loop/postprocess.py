@@ -57,6 +57,8 @@ class SampleResult:
     reward_extra: dict[str, Any] = field(default_factory=dict)
     token_versions: list[int] = field(default_factory=list)  # the weight version of each generated token, in order
     failed: bool = False  # its agent loop raised: a placeholder row (verl.experimental.agent_loop.failures)
+    # on-policy distillation: the teacher's (ids, log-probs) at each response position, each (response_length, K)
+    teacher: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def version_ranges(response_mask: Sequence[int], token_versions: Sequence[int]) -> list[list[int]]:
@@ -141,6 +143,12 @@ def samples_to_batch(results: Sequence[SampleResult], failed_column: bool = Fals
     tensors = rows_to_tensors([r.rows for r in results])
     if all(r.reward is not None for r in results):
         tensors["rm_scores"] = torch.cat([r.reward for r in results])
+    scored = [r.teacher for r in results if r.teacher is not None]
+    if scored:  # veRL's teacher_ids / teacher_logprobs (a failed sample's rows are zeros)
+        ids, log_probs = scored[0]
+        empty = (torch.zeros_like(ids), torch.zeros_like(log_probs))
+        tensors["teacher_ids"] = torch.stack([(r.teacher or empty)[0] for r in results])
+        tensors["teacher_logprobs"] = torch.stack([(r.teacher or empty)[1] for r in results])
     non_tensors: dict[str, np.ndarray] = {
         "__num_turns__": np.array([r.output.num_turns for r in results], dtype=np.int32),
         "weight_version_ranges": object_column(

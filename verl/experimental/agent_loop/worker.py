@@ -72,10 +72,19 @@ class AgentLoopWorkerBase:
             requests through (veRL 0.10's ``llm_client``: anything with ``async generate(...)`` and ``abort(...)``).
         reward_fn / val_reward_fn: reward managers scoring each finished sample (``fn(data, return_dict=True)``)
             in training / validation; None: not scored here (the trainer scores the batch).
+        teacher_client: on-policy distillation's teachers, one client per teacher key
+            (:meth:`~verl.experimental.teacher_loop.MultiTeacherModelManager.get_client`): each finished training
+            sample (never a validation one) gets the teacher's view of its response tokens, ``teacher_ids`` /
+            ``teacher_logprobs`` (bs, response_length, K).
     """
 
     def __init__(
-        self, config: Any, server_handles: list[Any], reward_fn: Any = None, val_reward_fn: Any = None
+        self,
+        config: Any,
+        server_handles: list[Any],
+        reward_fn: Any = None,
+        val_reward_fn: Any = None,
+        teacher_client: Any = None,
     ) -> None:
         from verl.utils.tokenizer import hf_tokenizer
 
@@ -96,6 +105,11 @@ class AgentLoopWorkerBase:
         if self.rollout_config.agent.agent_loop_config_path:
             load_agent_loop_configs(self.rollout_config.agent.agent_loop_config_path)
         self.reward_fns = {False: _quiet(reward_fn), True: _quiet(val_reward_fn)}
+        self.teacher = None
+        if teacher_client is not None:
+            from verl.experimental.teacher_loop import AsyncTeacherLLMServerManager
+
+            self.teacher = AsyncTeacherLLMServerManager(self.config, teacher_client)
         self._scoring = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-loop-reward")
         self._factories: dict[str, Any] = {}
         self._trainer_wrap, self._data_wrap = DictConfigWrap(self.config), DictConfigWrap(self.data_config)
@@ -171,7 +185,9 @@ class AgentLoopWorkerBase:
             if not greedy:
                 prompt, sample = (int(batch.batch[k][i]) for k in ("prompt_index", "sample_index"))
                 sample_params["seed"] = sample_seed(rollout.seed, step, prompt, sample)
-            tasks.append(asyncio.create_task(self._run_sample(names[i], sample_params, fields, scorer, traces[i])))
+            teacher = self.teacher is not None and not validate
+            run = self._run_sample(names[i], sample_params, fields, scorer, traces[i], teacher)
+            tasks.append(asyncio.create_task(run))
         # every loop runs to its first await: the first requests of all of them go out as one wave per replica
         with getattr(self.server_manager, "wave", contextlib.nullcontext)():
             await asyncio.sleep(0)
@@ -211,6 +227,7 @@ class AgentLoopWorkerBase:
         fields: dict[str, Any],
         scorer: _Scorer | None,
         trace: dict[str, Any] | None = None,
+        teacher: bool = False,
     ) -> SampleResult:
         client = SampleClient(self.server_manager)  # records the weight version of each token it returns
         loop = self._loop_factory(agent_name)(
@@ -231,8 +248,23 @@ class AgentLoopWorkerBase:
         rollout = self.rollout_config
         rows = pad_sample(output, agent_name, rollout.prompt_length, rollout.response_length, self._pad_id())
         result = SampleResult(agent_name, output, rows, token_versions=client.token_versions)
+        if teacher:
+            routing = fields.get(self.teacher.teacher_key)
+            result.teacher = await self._teacher_view(output, routing)
         await self._score(result, fields, scorer)
         return result
+
+    async def _teacher_view(self, output: AgentLoopOutput, routing_key: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """The teacher's ids and log-probs at each response position of ``output`` (prompt and response sent as one
+        sequence), zeros past the response: each (response_length, K)."""
+        prompt, response = list(output.prompt_ids), list(output.response_ids)
+        ids, log_probs = await self.teacher.compute_teacher_logprobs_single(prompt + response, routing_key=routing_key)
+        length = self.rollout_config.response_length
+        out_ids = torch.zeros((length, ids.shape[-1]), dtype=ids.dtype)
+        out_lp = torch.zeros((length, log_probs.shape[-1]), dtype=log_probs.dtype)
+        n = min(len(response), length)
+        out_ids[:n], out_lp[:n] = ids[len(prompt) : len(prompt) + n], log_probs[len(prompt) : len(prompt) + n]
+        return out_ids, out_lp
 
     def _pad_id(self) -> int:
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id

@@ -31,7 +31,7 @@ class AsyncTeacherLLMServerManager:
     """
 
     def __init__(self, config: Any, teacher_client: Mapping[str, Any]) -> None:
-        self.distillation_config = DistillationConfig.from_config(config.distillation)
+        self.distillation_config = DistillationConfig.from_config(config.get("distillation"))
         expected = sorted(self.distillation_config.teacher_models)
         if sorted(teacher_client) != expected:
             raise ValueError(f"teacher clients for {sorted(teacher_client)} but the teachers' keys are {expected}")
