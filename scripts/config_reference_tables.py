@@ -360,7 +360,9 @@ DESCRIPTIONS |= {
     "trainer.v1.sampler.max_off_policy_strategy": "`drop` or `wait` for a group past the threshold; under the fixed "
     "lag none gets there, so both act alike.",
     "model_engine": "Training engine of the roles: `dp` (FSDP). `megatron` is not built yet (refused).",
-    "distillation.enabled": "On-policy distillation from teacher models (not built yet: `true` is refused).",
+    "distillation.enabled": (
+        "On-policy distillation from teacher models (not wired into the trainer yet: `true` is refused)."
+    ),
 }
 _SWITCH = "trainer.v1.separate_async.hybrid_rollout"
 DESCRIPTIONS |= {

@@ -178,11 +178,14 @@ class TaskRunner:
         self.add_reward_model_worker(config)
 
     def add_teacher_model_resource_pool(self, config: DictConfig) -> None:
-        """veRL 0.10's teacher pool of on-policy distillation (``distillation.enabled``), which is not built yet."""
+        """veRL 0.10's teacher pool of on-policy distillation (``distillation.enabled``), not wired in yet."""
         from verl.trainer.ppo.utils import need_teacher_policy
 
         if need_teacher_policy(config):
-            raise NotImplementedError("distillation.enabled=true: on-policy distillation is not built yet")
+            raise NotImplementedError(
+                "distillation.enabled=true: on-policy distillation is not wired into the trainer yet (its parts "
+                "are built: docs/distillation.md)"
+            )
 
     def add_ref_policy_worker(self, config: DictConfig, ref_policy_cls: type) -> None:
         """Map the reference-policy role when a KL term needs it (it runs inside the actor's workers)."""

@@ -115,7 +115,10 @@ def test_the_rollout_pool_under_either_name(caplog):
             "trainer.v1.separate_async.hybrid_rollout.enable_switch=true",
             r"enable_switch=true: the training workers' engines are lent to generation in .*separate_async under",
         ),
-        ("distillation.enabled=true", "distillation.enabled=True: on-policy distillation is not built yet"),
+        (
+            "distillation.enabled=true",
+            "distillation.enabled=True: on-policy distillation is not wired into the trainer yet",
+        ),
         ("skip.rollout.enable=true", "skip.rollout.enable=True: veRL 0.10's rollout caching is not built"),
         ("model_engine=megatron", "model_engine='megatron': the megatron engine is not built yet"),
         ("model_engine=veomni", "model_engine='veomni': the veomni engine is not available here"),

@@ -260,7 +260,11 @@ UNREAD: tuple[Unread, ...] = (
         "error",
         "veRL 0.10's rollout caching is not built (actor_rollout_ref.rollout.skip_rollout reuses one saved generation)",
     ),
-    Unread("distillation", "error", "on-policy distillation is not built yet"),
+    Unread(
+        "distillation",
+        "error",
+        "on-policy distillation is not wired into the trainer yet (its parts are built: docs/distillation.md)",
+    ),
     Unread("ray_kwargs.timeline_json_file", "warn", "no Ray timeline is written"),
 )
 
