@@ -360,9 +360,7 @@ DESCRIPTIONS |= {
     "trainer.v1.sampler.max_off_policy_strategy": "`drop` or `wait` for a group past the threshold; under the fixed "
     "lag none gets there, so both act alike.",
     "model_engine": "Training engine of the roles: `dp` (FSDP). `megatron` is not built yet (refused).",
-    "distillation.enabled": (
-        "On-policy distillation from teacher models (not wired into the trainer yet: `true` is refused)."
-    ),
+    "distillation.enabled": "On-policy distillation from teacher models ([distillation.md](distillation.md)).",
 }
 _SWITCH = "trainer.v1.separate_async.hybrid_rollout"
 DESCRIPTIONS |= {
@@ -398,33 +396,37 @@ for _group in ("rollout", "rollout_tq", "async_rollout"):
             "veRL 0.10's rollout caching (not built yet: a value other than the default is refused; "
             "`actor_rollout_ref.rollout.skip_rollout` reuses one saved generation)."
         )
-for _key in (
-    "n_gpus_per_node",
-    "nnodes",
-    "teacher_key",
-    "teacher_models.teacher_model.key",
-    "teacher_models.teacher_model.model_path",
-    "teacher_models.teacher_model.num_replicas",
-    "teacher_models.teacher_model.inference",
-    *(
-        f"distillation_loss.{k}"
-        for k in (
-            "loss_mode",
-            "topk",
-            "use_task_rewards",
-            "distillation_loss_coef",
-            "loss_max_clamp",
-            "log_prob_min_clamp",
-            "use_policy_gradient",
-            "policy_loss_mode",
-            "clip_ratio",
-            "clip_ratio_low",
-            "clip_ratio_high",
-        )
-    ),
-):
-    DESCRIPTIONS[f"distillation.{_key}"] = "On-policy distillation (not built yet: a value other than the default is "
-    "refused)."
+_DISTIL = "distillation.distillation_loss"
+DESCRIPTIONS.update(
+    {
+        "distillation.n_gpus_per_node": "Devices per node of the teacher pool (CPU: worker processes).",
+        "distillation.nnodes": "Nodes of the teacher pool (must be > 0 when distilling).",
+        "distillation.teacher_key": "The sample field that routes it to a teacher (several teachers: each teacher's "
+        "`key`; a value naming no teacher is an error).",
+        "distillation.teacher_models.teacher_model.key": "The routing key of this teacher (one teacher: `default`).",
+        "distillation.teacher_models.teacher_model.model_path": "The teacher model (HF folder; the student's "
+        "tokenizer).",
+        "distillation.teacher_models.teacher_model.num_replicas": "Replicas of this teacher (one teacher: they fill "
+        "the pool).",
+        "distillation.teacher_models.teacher_model.inference": "The teacher's serving engine: the student's "
+        "`actor_rollout_ref.rollout.*` under these (`name`: hf so far).",
+        f"{_DISTIL}.loss_mode": "`k1`/`kl`, `abs`, `k2`/`mse`, `k3`/`low_var_kl` (on the sampled token) or "
+        "`forward_kl_topk` (over the teacher's top-k); or a registered loss of your own.",
+        f"{_DISTIL}.topk": "The k of the top-k losses (the teacher's `prompt_logprobs`).",
+        f"{_DISTIL}.use_task_rewards": "Keep the task's policy loss and add the distillation loss × "
+        "`distillation_loss_coef`; false: the distillation loss alone.",
+        f"{_DISTIL}.distillation_loss_coef": "Weight of the distillation loss beside the task's (with "
+        "`use_task_rewards`).",
+        f"{_DISTIL}.loss_max_clamp": "Bound each token's distillation loss to ±this (null: none).",
+        f"{_DISTIL}.log_prob_min_clamp": "Floor of both sides' log-probs before the loss (null: none).",
+        f"{_DISTIL}.use_policy_gradient": "−loss (detached) as the advantage of a PPO clipped loss instead of "
+        "back-propagating the loss (`k1` needs it).",
+        f"{_DISTIL}.policy_loss_mode": "The policy loss of `use_policy_gradient` (`vanilla` only).",
+        f"{_DISTIL}.clip_ratio": "PPO clip of `use_policy_gradient` (the default of the two below).",
+        f"{_DISTIL}.clip_ratio_low": "Lower PPO clip of `use_policy_gradient`.",
+        f"{_DISTIL}.clip_ratio_high": "Upper PPO clip of `use_policy_gradient`.",
+    }
+)
 
 # veRL's older names: each is read into its newer one (verl/trainer/config/layout.py).
 _OLDER = {

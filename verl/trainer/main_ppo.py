@@ -43,7 +43,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-GLOBAL_POOL, REWARD_POOL, ROLLOUT_POOL = "global_pool", "reward_pool", "rollout_pool"
+GLOBAL_POOL, REWARD_POOL, ROLLOUT_POOL, TEACHER_POOL = "global_pool", "reward_pool", "rollout_pool", "teacher_pool"
 
 _DATASET_EXPORTS = ("create_rl_dataset", "create_rl_sampler")
 
@@ -178,14 +178,12 @@ class TaskRunner:
         self.add_reward_model_worker(config)
 
     def add_teacher_model_resource_pool(self, config: DictConfig) -> None:
-        """veRL 0.10's teacher pool of on-policy distillation (``distillation.enabled``), not wired in yet."""
-        from verl.trainer.ppo.utils import need_teacher_policy
+        """veRL 0.10's teacher pool of on-policy distillation (``distillation.enabled``): ``teacher_pool`` of
+        ``distillation.n_gpus_per_node × nnodes`` bundles, where the teachers' servers run."""
+        from verl.trainer.ppo.utils import Role, need_teacher_policy
 
         if need_teacher_policy(config):
-            raise NotImplementedError(
-                "distillation.enabled=true: on-policy distillation is not wired into the trainer yet (its parts "
-                "are built: docs/distillation.md)"
-            )
+            self.mapping[Role.TeacherModel] = TEACHER_POOL
 
     def add_ref_policy_worker(self, config: DictConfig, ref_policy_cls: type) -> None:
         """Map the reference-policy role when a KL term needs it (it runs inside the actor's workers)."""
@@ -199,7 +197,8 @@ class TaskRunner:
         """``global_pool`` of ``trainer.n_gpus_per_node × trainer.nnodes`` workers (and ``reward_pool`` of
         ``reward.reward_model.n_gpus_per_node × nnodes`` with ``reward.reward_model.enable_resource_pool``;
         ``rollout_pool`` of the ``actor_rollout_ref.rollout.n_gpus_per_node × nnodes`` rollout servers in
-        ``trainer.v1.trainer_mode=separate_async``)."""
+        ``trainer.v1.trainer_mode=separate_async``; ``teacher_pool`` of ``distillation.n_gpus_per_node × nnodes``
+        with ``distillation.enabled``)."""
         from verl.trainer.ppo.utils import ResourcePoolManager, Role
 
         spec = {GLOBAL_POOL: [config.trainer.n_gpus_per_node] * config.trainer.nnodes}
@@ -214,6 +213,8 @@ class TaskRunner:
                     "reward.reward_model.enable_resource_pool needs reward.reward_model.n_gpus_per_node and nnodes > 0"
                 )
             spec[REWARD_POOL] = [rm.n_gpus_per_node] * rm.nnodes
+        if Role.TeacherModel in self.mapping:
+            spec[TEACHER_POOL] = [config.distillation.n_gpus_per_node] * config.distillation.nnodes
         use_gpu = config.trainer.get("device", "auto") != "cpu"
         resources = {GLOBAL_POOL: config.trainer.get("custom_resources"), ROLLOUT_POOL: _rollout_resources(config)}
         resources = {pool: dict(r) for pool, r in resources.items() if r}
@@ -233,6 +234,7 @@ class TaskRunner:
         actor_rollout_cls, ray_worker_group_cls = self.add_actor_rollout_worker(config)
         self.add_critic_worker(config)
         self.add_reward_model_worker(config)
+        self.add_teacher_model_resource_pool(config)
         self.add_ref_policy_worker(config, actor_rollout_cls)
         tokenizer = load_tokenizer(config.actor_rollout_ref.model)
         reward_fn, val_reward_fn = load_reward_fns(config, tokenizer)

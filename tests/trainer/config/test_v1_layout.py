@@ -117,7 +117,7 @@ def test_the_rollout_pool_under_either_name(caplog):
         ),
         (
             "distillation.enabled=true",
-            "distillation.enabled=True: on-policy distillation is not wired into the trainer yet",
+            r"the teacher pool distillation.n_gpus_per_node=8 × distillation.nnodes=0 is empty",
         ),
         ("skip.rollout.enable=true", "skip.rollout.enable=True: veRL 0.10's rollout caching is not built"),
         ("model_engine=megatron", "model_engine='megatron': the megatron engine is not built yet"),

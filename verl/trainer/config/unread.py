@@ -260,11 +260,6 @@ UNREAD: tuple[Unread, ...] = (
         "error",
         "veRL 0.10's rollout caching is not built (actor_rollout_ref.rollout.skip_rollout reuses one saved generation)",
     ),
-    Unread(
-        "distillation",
-        "error",
-        "on-policy distillation is not wired into the trainer yet (its parts are built: docs/distillation.md)",
-    ),
     Unread("ray_kwargs.timeline_json_file", "warn", "no Ray timeline is written"),
 )
 
@@ -330,7 +325,6 @@ NAME_USED_ELSEWHERE: frozenset[str] = frozenset(
         # veRL 0.10's names that are this project's words for other things (the modes, the sampler of data.*)
         "trainer.v1.sync",
         "skip",
-        "distillation",  # need_teacher_policy reads distillation.enabled (refused at start-up when true)
     }
 )
 

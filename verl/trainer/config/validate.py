@@ -38,6 +38,7 @@ from verl.trainer.config.layout import resolve_layout, rollout_pool, trainer_mod
 from verl.trainer.config.schema import PLUS_KEYS, extend_schema, running_schema
 from verl.trainer.config.unread import is_away, report_unread
 from verl.trainer.config.validate_async import check_async_training
+from verl.trainer.config.validate_distillation import check_distillation
 from verl.trainer.config.validate_lora import check_lora
 from verl.trainer.config.validate_reward import check_reward
 from verl.trainer.config.validate_v1 import check_v1_trainer
@@ -581,6 +582,7 @@ def validate_config(
     check_v1_trainer(cfg, trainer_mode(cfg), problems, sync_step_set, check_environment)
     _estimator(cfg, problems)
     check_reward(cfg, problems)
+    check_distillation(cfg, problems)
     check_lora(cfg, problems, check_environment, base)
     if check_environment:
         _rollout_engine(cfg, problems)

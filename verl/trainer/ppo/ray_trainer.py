@@ -37,6 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 from verl.experimental.dataset.sampler import AbstractCurriculumSampler
 from verl.experimental.reward_loop.reward_model import RewardModelManager, colocated_judge, served_reward_model
 from verl.experimental.reward_loop.router import reward_router
+from verl.experimental.teacher_loop import MultiTeacherModelManager
 from verl.protocol import DataProto
 from verl.single_controller.ray import RayWorkerGroup
 from verl.single_controller.ray.base import WorkerDiedError
@@ -78,6 +79,7 @@ from verl.trainer.ppo.utils import (
     compute_response_mask,
     need_critic,
     need_reference_policy,
+    need_teacher_policy,
 )
 from verl.trainer.ppo.v1.metrics import MetricsAggregator
 from verl.trainer.ppo.v1.trainer_base import TrainerHooks
@@ -262,6 +264,10 @@ class RayPPOTrainer(
         self.actor_rollout_wg = groups["actor_rollout"]
         self.ref_policy_wg = self.actor_rollout_wg if self.use_reference_policy else None
         self.rollout_wg = self.actor_rollout_wg
+        self.teacher_manager = None
+        if need_teacher_policy(self.config):  # the teachers' servers on their own pool, before the agent loops
+            teacher_pool = self.resource_pool_manager.get_resource_pool(Role.TeacherModel)
+            self.teacher_manager = MultiTeacherModelManager(self.config, teacher_pool)
         # our manager only starts its agent-loop workers (they import while the models are built); a recipe's own
         # manager class may call the engines at once, so it comes after them
         early = not resident and not self.config.actor_rollout_ref.rollout.agent.get("agent_loop_manager_class")
@@ -307,6 +313,7 @@ class RayPPOTrainer(
             reward_fn=None if self.use_rm else self.reward_fn,  # a reward model scores after generation
             val_reward_fn=None if self.use_rm else self.val_reward_fn,
             step=lambda: self.global_steps,
+            teacher_client=None if self.teacher_manager is None else self.teacher_manager.get_client(),
         )
 
     def _groups_by_role(self) -> dict[str, Any]:

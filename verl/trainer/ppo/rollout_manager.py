@@ -31,12 +31,14 @@ def create_rollout_manager(
     reward_fn: Any = None,
     val_reward_fn: Any = None,
     step: Callable[[], int],
+    teacher_client: Any = None,
 ) -> Any:
     """The trainer's ``async_rollout_manager`` over the worker group whose engines serve the requests (the
     actor-rollout group, or the rollout servers' group).
 
     ``rollout.agent.agent_loop_manager_class`` (a dotted path) replaces our manager; a class that is not an
-    ``AgentLoopManager`` subclass gets veRL's arguments only (``config, worker_group``).
+    ``AgentLoopManager`` subclass gets veRL's arguments only (``config, worker_group``). ``teacher_client``:
+    on-policy distillation's teachers (one client per key), for the agent loops to ask.
     """
     from verl.experimental.agent_loop import AgentLoopManager
 
@@ -50,10 +52,22 @@ def create_rollout_manager(
             raise ImportError(f"rollout.agent.agent_loop_manager_class={dotted!r} cannot be imported: {e}") from e
         logger.info("generation through the agent-loop manager %s", dotted)
     if isinstance(cls, type) and issubclass(cls, AgentLoopManager):
+        teachers = {} if teacher_client is None else {"teacher_client": teacher_client}
         manager = cls(
-            config, worker_group, tokenizer=tokenizer, reward_fn=reward_fn, val_reward_fn=val_reward_fn, step=step
+            config,
+            worker_group,
+            tokenizer=tokenizer,
+            reward_fn=reward_fn,
+            val_reward_fn=val_reward_fn,
+            step=step,
+            **teachers,
         )
     else:
+        if teacher_client is not None:
+            raise ValueError(
+                f"rollout.agent.agent_loop_manager_class={dotted!r} is not an AgentLoopManager: it cannot be given "
+                "the distillation teachers (distillation.enabled)"
+            )
         manager = cls(config, worker_group=worker_group)
     return manager
 

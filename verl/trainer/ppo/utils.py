@@ -123,8 +123,7 @@ def need_reward_model(config_or_mapping: Any) -> bool:
 
 
 def need_teacher_policy(config: Any) -> bool:
-    """Whether teacher models run (veRL 0.10's on-policy distillation, ``distillation.enabled``; refused at start-up
-    until it is built)."""
+    """Whether teacher models run (veRL 0.10's on-policy distillation, ``distillation.enabled``)."""
     return bool((config.get("distillation") or {}).get("enabled", False))
 
 

@@ -41,8 +41,11 @@ def spawn_worker_groups(
     role_name = ("actor" if resident and not trainer_engines else "actor_rollout") + (
         "_ref" if roles.get("ref") else ""
     )
+    distillation = config.get("distillation") or {}
+    # veRL 0.10's argument, given only when distilling (a recipe's worker class need not know it)
+    extra = {"distillation_config": distillation} if distillation.get("enabled", False) else {}
     pool_classes[pool]["actor_rollout"] = RayClassWithInitArgs(
-        role_worker_mapping[arr_role], config=config.actor_rollout_ref, role=role_name
+        role_worker_mapping[arr_role], config=config.actor_rollout_ref, role=role_name, **extra
     )
     for name, role, section in (("critic", Role.Critic, "critic"), ("rm", Role.RewardModel, "reward_model")):
         if roles.get(name):
