@@ -24,7 +24,7 @@ from pathlib import Path
 import pandas as pd
 from build_judge_data import build, vocabulary_of
 
-from verl.utils.demo_runs import read_metrics, run_module
+from verl.utils.demo_runs import demo_grpo_overrides, read_metrics, run_module
 
 HERE = Path(__file__).resolve().parent
 JUDGE_BATCH = 64
@@ -96,35 +96,13 @@ def main() -> None:
         "verl.trainer.main_ppo",
         rl,
         rl / "metrics.jsonl",
-        f"actor_rollout_ref.model.path={assets.model_path}",
-        f"data.train_files={assets.train_files}",
-        f"data.val_files={assets.val_files}",
-        f"data.val_max_samples={args.val_prompts}",
-        "data.train_batch_size=16",
-        "data.max_prompt_length=32",
-        "data.max_response_length=8",
-        "algorithm.adv_estimator=grpo",
-        "actor_rollout_ref.rollout.name=hf",
-        "actor_rollout_ref.rollout.n=4",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=64",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=16",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64",
-        f"actor_rollout_ref.actor.optim.lr={args.rl_lr}",
+        *demo_grpo_overrides(assets, rl, steps=args.rl_steps, lr=args.rl_lr, val_prompts=args.val_prompts),
         f"reward.custom_reward_function.path={HERE / 'judge_reward.py'}",
         "reward.reward_model.enable=true",
         f"reward.reward_model.model_path={judge}",
         "reward.reward_model.rollout.dtype=float32",
         "reward.reward_model.rollout.prompt_length=48",
         "reward.reward_model.rollout.response_length=12",
-        "trainer.n_gpus_per_node=1",
-        "trainer.nnodes=1",
-        f"trainer.total_training_steps={args.rl_steps}",
-        "trainer.val_before_train=true",
-        f"trainer.test_freq={max(1, args.rl_steps // 4)}",
-        "trainer.save_freq=-1",
-        f"trainer.default_local_dir={rl / 'ckpt'}",
-        "trainer.logger=[console,file]",
         *extra,
     )
     for step, metrics in read_metrics(rl / "metrics.jsonl"):

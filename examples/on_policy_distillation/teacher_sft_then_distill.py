@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from verl.utils.demo_runs import read_metrics, run_module
+from verl.utils.demo_runs import demo_grpo_overrides, read_metrics, run_module
 
 
 def main() -> None:
@@ -67,21 +67,7 @@ def main() -> None:
         "verl.trainer.main_ppo",
         rl,
         rl / "metrics.jsonl",
-        f"actor_rollout_ref.model.path={assets.model_path}",
-        f"data.train_files={assets.train_files}",
-        f"data.val_files={assets.val_files}",
-        f"data.val_max_samples={args.val_prompts}",
-        "data.train_batch_size=16",
-        "data.max_prompt_length=32",
-        "data.max_response_length=8",
-        "algorithm.adv_estimator=grpo",
-        "actor_rollout_ref.rollout.name=hf",
-        "actor_rollout_ref.rollout.n=4",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=64",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=16",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64",
-        f"actor_rollout_ref.actor.optim.lr={args.lr}",
+        *demo_grpo_overrides(assets, rl, steps=args.steps, lr=args.lr, val_prompts=args.val_prompts),
         "distillation.enabled=true",
         "distillation.n_gpus_per_node=1",
         "distillation.nnodes=1",
@@ -89,14 +75,6 @@ def main() -> None:
         "distillation.distillation_loss.loss_mode=forward_kl_topk",
         "distillation.distillation_loss.topk=16",
         f"distillation.distillation_loss.use_task_rewards={str(args.task_rewards).lower()}",
-        "trainer.n_gpus_per_node=1",
-        "trainer.nnodes=1",
-        f"trainer.total_training_steps={args.steps}",
-        "trainer.val_before_train=true",
-        f"trainer.test_freq={max(1, args.steps // 4)}",
-        "trainer.save_freq=-1",
-        f"trainer.default_local_dir={rl / 'ckpt'}",
-        "trainer.logger=[console,file]",
         *extra,
     )
     for step, metrics in read_metrics(rl / "metrics.jsonl"):

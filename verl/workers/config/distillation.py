@@ -21,13 +21,18 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from verl.algorithms.distillation import get_distillation_loss_settings
-
 __all__ = ["DistillationConfig", "DistillationLossConfig", "DistillationTeacherModelConfig"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_TEACHER = "teacher_model"  # veRL's name of the single-teacher entry
+
+
+def _loss_settings(loss_mode: str) -> Any:
+    """The registered settings of ``loss_mode`` (imported here: the config is read where torch is not)."""
+    from verl.algorithms.distillation import get_distillation_loss_settings
+
+    return get_distillation_loss_settings(loss_mode)
 
 
 def _plain(section: Any) -> dict[str, Any]:
@@ -65,7 +70,7 @@ class DistillationLossConfig:
 
     def __post_init__(self) -> None:
         where = "distillation.distillation_loss"
-        settings = get_distillation_loss_settings(self.loss_mode)  # an unregistered name raises, naming them all
+        settings = _loss_settings(self.loss_mode)  # an unregistered name raises, naming them all
         if settings.use_topk and (not isinstance(self.topk, int) or self.topk <= 0):
             raise ValueError(f"{where}.topk={self.topk!r}: loss_mode={self.loss_mode} needs the teacher's top-k, k > 0")
         if self.policy_loss_mode != "vanilla":
@@ -90,7 +95,7 @@ class DistillationLossConfig:
     @property
     def use_topk(self) -> bool:
         """Whether the teacher sends its top-k (else the sampled token's log-prob)."""
-        return get_distillation_loss_settings(self.loss_mode).use_topk
+        return _loss_settings(self.loss_mode).use_topk
 
     @property
     def teacher_logprobs_k(self) -> int:
