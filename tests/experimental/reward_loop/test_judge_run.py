@@ -3,7 +3,7 @@ function written for veRL (it asks the judge through ``reward_router_address``),
 manager's run-wide limits — in ``sync`` with the judge beside the training worker (asleep while the trainer works,
 woken and reloaded from its path after each push), in ``colocate_async`` beside it too (awake: generation overlaps
 training), and in ``separate_async`` with the judge on a pool of its own. Each run also distils from a teacher
-served on a pool of its own (the same model as the student)."""
+served on a pool of its own (the same model as the student; in ``colocate_async`` a LoRA student)."""
 
 from __future__ import annotations
 
@@ -72,8 +72,15 @@ def prepare_judge(work: Path) -> Prepared:
 
 @cli_run("judge_colocate", cost_s=60)
 def prepare_judge_colocate(work: Path) -> Prepared:
-    """colocate_async, the judge's replica beside the training worker."""
-    return judged_run(work, "trainer.v1.trainer_mode=colocate_async")
+    """colocate_async, the judge's replica beside the training worker; a LoRA student (its adapters start at
+    zero: the student starts as the teacher)."""
+    return judged_run(
+        work,
+        "trainer.v1.trainer_mode=colocate_async",
+        "actor_rollout_ref.model.lora_rank=8",
+        "actor_rollout_ref.model.lora_alpha=16",
+        "actor_rollout_ref.model.target_modules=[q_proj,v_proj]",
+    )
 
 
 @cli_run("judge_separate", cost_s=60)
@@ -124,3 +131,5 @@ def test_every_mode_distils_from_a_teacher_served_on_its_own_pool(cli_runs):
         losses = [s["actor/distillation/loss"] for s in steps]
         assert len(losses) == 2 and all(0 < loss < 1e-4 for loss in losses), (name, losses)
         assert steps[1]["actor/distillation/loss_max"] >= steps[1]["actor/distillation/loss_min"] >= 0
+        # the LoRA student trains its adapters only (they alone are pushed to the engines)
+        assert all(s["weight_sync/adapters_only"] == float(name == "judge_colocate") for s in steps), name
