@@ -409,7 +409,7 @@ DESCRIPTIONS.update(
         "distillation.teacher_models.teacher_model.num_replicas": "Replicas of this teacher (one teacher: they fill "
         "the pool).",
         "distillation.teacher_models.teacher_model.inference": "The teacher's serving engine: the student's "
-        "`actor_rollout_ref.rollout.*` under these (`name`: hf so far).",
+        "`actor_rollout_ref.rollout.*` under these (`name`: hf or vllm).",
         f"{_DISTIL}.loss_mode": "`k1`/`kl`, `abs`, `k2`/`mse`, `k3`/`low_var_kl` (on the sampled token) or "
         "`forward_kl_topk` (over the teacher's top-k); or a registered loss of your own.",
         f"{_DISTIL}.topk": "The k of the top-k losses (the teacher's `prompt_logprobs`).",

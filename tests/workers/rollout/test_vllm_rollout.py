@@ -321,3 +321,22 @@ def test_packed_cpu_weights_take_weight_pushes(model_dir):
         next(packed.named_weights())
     with pytest.raises(RuntimeError, match="packed CPU weights"):
         sync.send_weights(trained.state_dict().items(), packed, verify=True)
+
+
+def test_prompt_logprobs_are_the_models_at_every_prompt_position(engine, model_dir):
+    """A distillation teacher's request on vLLM (``prompt_logprobs``: 0 for each prompt token's own log-prob, k for
+    the top-k at each position), against the HF model's forward pass over the prompt alone."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    prompt = torch.randint(3, 256, (11,), generator=torch.Generator().manual_seed(5)).tolist()
+    with torch.no_grad():
+        log_probs = torch.log_softmax(model(torch.tensor([prompt])).logits[0, :-1].float(), -1)
+    futures = engine.submit_many(
+        [(f"teacher{k}", prompt, {"temperature": 0.0, "max_tokens": 1, "prompt_logprobs": k}, None) for k in (0, 3)]
+    )
+    own, top = (f.result(timeout=120).extra_fields for f in futures)
+    assert own["prompt_ids"] == [[t] for t in prompt] and own["prompt_logprobs"][0] == [0.0]
+    expected = log_probs.gather(-1, torch.tensor(prompt[1:])[:, None])
+    torch.testing.assert_close(torch.tensor(own["prompt_logprobs"][1:]), expected, rtol=0, atol=2e-5)
+    best = log_probs.topk(3, -1)
+    assert top["prompt_ids"][1:] == best.indices.tolist() and len(top["prompt_ids"]) == len(prompt)
+    torch.testing.assert_close(torch.tensor(top["prompt_logprobs"][1:]), best.values, rtol=0, atol=2e-5)

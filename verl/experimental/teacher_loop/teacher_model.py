@@ -20,11 +20,12 @@ __all__ = ["MultiTeacherModelManager", "teacher_worker_config"]
 
 logger = logging.getLogger(__name__)
 
-SERVING_ENGINES = ("hf",)  # engines that answer prompt_logprobs so far
+SERVING_ENGINES = ("hf", "vllm")  # engines that answer prompt_logprobs
 
 
-def teacher_worker_config(config: Any, teacher: DistillationTeacherModelConfig) -> Any:
-    """The worker config of ``teacher``'s servers (see the module docstring)."""
+def teacher_worker_config(config: Any, teacher: DistillationTeacherModelConfig, topk: int = 0) -> Any:
+    """The worker config of ``teacher``'s servers (see the module docstring); a vLLM teacher is started with
+    ``max_logprobs`` of at least ``topk`` (veRL's rule: its own default caps the top-k a request may ask)."""
     student = config.actor_rollout_ref.rollout
     scoring = {
         **teacher.inference,
@@ -39,6 +40,10 @@ def teacher_worker_config(config: Any, teacher: DistillationTeacherModelConfig) 
             f"{where}.inference.name={worker.rollout.name!r}: a teacher's prompt log-probs are served by "
             f"{list(SERVING_ENGINES)} so far"
         )
+    if worker.rollout.name == "vllm" and topk:
+        vllm = dict(worker.rollout.engine_kwargs.get("vllm") or {})
+        vllm["max_logprobs"] = max(int(vllm.get("max_logprobs") or 0), topk)
+        worker.rollout.engine_kwargs.vllm = vllm
     if teacher.per_replica_world_size != 1:
         raise ValueError(f"{where}: one replica per device (tensor, data and pipeline parallel sizes 1) so far")
     return worker
@@ -58,7 +63,8 @@ class MultiTeacherModelManager:
 
         self.distillation_config = DistillationConfig.from_config(config.distillation)
         teachers = self.distillation_config.teacher_models
-        workers = {key: teacher_worker_config(config, teacher) for key, teacher in teachers.items()}
+        k = self.distillation_config.distillation_loss.teacher_logprobs_k
+        workers = {key: teacher_worker_config(config, teacher, k) for key, teacher in teachers.items()}
         sizes = [t.num_replicas * t.per_replica_world_size for t in teachers.values()]
         pools = split_resource_pool(resource_pool, sizes) if len(sizes) > 1 else [resource_pool]
         self.worker_groups: dict[str, Any] = {}

@@ -35,9 +35,9 @@ logger = logging.getLogger(__name__)
 Event = tuple[RequestState, list[int], list[float], str | None]
 
 
-def vllm_sampling_params(spec: SamplingSpec, max_tokens: int) -> Any:
+def vllm_sampling_params(spec: SamplingSpec, max_tokens: int, prompt_logprobs: int | None = None) -> Any:
     """Our :class:`SamplingSpec` as vLLM ``SamplingParams``: token ids in and out, one log-prob per sampled token,
-    new tokens only in each output (``DELTA``).
+    new tokens only in each output (``DELTA``); ``prompt_logprobs`` as vLLM's (None: not asked).
 
     Stopping is exactly ``spec.stop_token_ids`` (none with ``ignore_eos``), as in the hf engine: vLLM's own EOS
     handling is turned off (``ignore_eos=True``), since it would also stop at the model's EOS when the caller named
@@ -58,9 +58,32 @@ def vllm_sampling_params(spec: SamplingSpec, max_tokens: int) -> Any:
         ignore_eos=True,
         repetition_penalty=spec.repetition_penalty,
         logprobs=0,
+        prompt_logprobs=prompt_logprobs,
         detokenize=False,
         output_kind=RequestOutputKind.DELTA,
     )
+
+
+def prompt_logprob_fields(
+    entries: list[Any], prompt_ids: list[int], k: int
+) -> tuple[list[list[int]], list[list[float]]]:
+    """vLLM's ``prompt_logprobs`` (one entry per context position: None for the first, else ``{token id:
+    Logprob}`` holding the top-k and the position's own token) as our ``prompt_ids`` / ``prompt_logprobs`` fields
+    over the prompt's positions: ``k = 0`` each token's own log-prob, ``k > 0`` the top-k most likely first; row 0
+    zeros."""
+    width = max(k, 1)
+    ids: list[list[int]] = [[prompt_ids[0]] if k == 0 else [0] * width]
+    values: list[list[float]] = [[0.0] * width]
+    for position in range(1, len(prompt_ids)):
+        entry = entries[position]
+        if k == 0:
+            ids.append([prompt_ids[position]])
+            values.append([float(entry[prompt_ids[position]].logprob)])
+            continue
+        top = sorted(entry.items(), key=lambda item: -item[1].logprob)[:k]
+        ids.append([int(token) for token, _ in top])
+        values.append([float(logprob.logprob) for _, logprob in top])
+    return ids, values
 
 
 def _draw_function(runner: Any) -> Callable[[torch.Generator, int], None] | None:
@@ -166,7 +189,8 @@ class EngineRequests:
         try:
             for request in requests:
                 engine_id = f"{request.request_id}#{next(self._counter)}"
-                params = vllm_sampling_params(request.spec, request.remaining)
+                asked = request.spec.prompt_logprobs if request.prompt_logprobs is None else None
+                params = vllm_sampling_params(request.spec, request.remaining, asked)
                 self._requests[engine_id] = request
                 self._engine_ids[request.request_id] = engine_id
                 added.append(request)
@@ -192,6 +216,10 @@ class EngineRequests:
             if request is None:  # released in the meantime
                 continue
             completion = output.outputs[0]
+            if request.spec.prompt_logprobs is not None and request.prompt_logprobs is None and output.prompt_logprobs:
+                request.prompt_logprobs = prompt_logprob_fields(
+                    output.prompt_logprobs, request.prompt_ids, request.spec.prompt_logprobs
+                )
             tokens = [int(t) for t in completion.token_ids]
             entries = completion.logprobs or []
             log_probs = [float(entry[t].logprob) for entry, t in zip(entries, tokens, strict=True)]

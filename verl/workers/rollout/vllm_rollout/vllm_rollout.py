@@ -330,13 +330,6 @@ class vLLMRollout(BaseRollout):  # noqa: N801 - veRL's public name
         if self._asleep:
             raise RuntimeError("vLLMRollout is asleep; call wake_up() before generating")
 
-    def _check_request(self, request_id: str, spec: Any) -> None:
-        if spec.prompt_logprobs is not None:
-            raise NotImplementedError(
-                f"generate({request_id!r}): sampling_params['prompt_logprobs'] (a distillation teacher's) is served "
-                "by the hf engine only so far"
-            )
-
     def _serve_admit(self, requests: list[RequestState]) -> None:
         self._requests.add(requests)
 
