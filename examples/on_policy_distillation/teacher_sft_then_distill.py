@@ -14,13 +14,17 @@
 
 The metrics of both runs are JSON lines in ``<workdir>/{teacher_sft,distill}/metrics.jsonl``; the script prints the
 student's distillation loss (its forward KL to the teacher over the teacher's top-16, on the student's own samples)
-and its validation score (the task's rule reward) and exact answers.
+and its validation score (the task's rule reward) and exact answers. The student is saved four times during the
+run; its reverse KL to the teacher, KL(student ‖ teacher) over the whole vocabulary on its own samples of the
+held-out questions (``reverse_kl.py``), is printed for the untrained student and each save.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+
+from reverse_kl import reverse_kl
 
 from verl.utils.demo_runs import demo_grpo_overrides, read_metrics, run_module
 
@@ -67,7 +71,9 @@ def main() -> None:
         "verl.trainer.main_ppo",
         rl,
         rl / "metrics.jsonl",
-        *demo_grpo_overrides(assets, rl, steps=args.steps, lr=args.lr, val_prompts=args.val_prompts),
+        *demo_grpo_overrides(
+            assets, rl, steps=args.steps, lr=args.lr, val_prompts=args.val_prompts, save_freq=max(1, args.steps // 4)
+        ),
         "distillation.enabled=true",
         "distillation.n_gpus_per_node=1",
         "distillation.nnodes=1",
@@ -88,6 +94,12 @@ def main() -> None:
             parts.append(f"validation score {score:.3f}, exact answers {exact:.3f}")
         if len(parts) > 1:
             print(" ".join(parts))
+    saves = sorted(
+        (int(p.name.rsplit("_", 1)[1]), p / "actor" / "huggingface") for p in (rl / "ckpt").glob("global_step_*")
+    )
+    for step, student in [(0, Path(assets.model_path)), *saves]:
+        value = reverse_kl(student, teacher, assets.val_files, prompts=args.val_prompts)
+        print(f"step {step}: reverse KL(student ‖ teacher) {value:.3f} nats a token")
 
 
 if __name__ == "__main__":

@@ -28,11 +28,14 @@ def run_module(module: str, cwd: Path, log: Path, *overrides: str) -> None:
         raise SystemExit(f"{module} failed ({proc.returncode}); the end of {cwd / 'output.log'}:\n{tail}")
 
 
-def demo_grpo_overrides(assets: Any, workdir: Path, *, steps: int, lr: float, val_prompts: int) -> list[str]:
+def demo_grpo_overrides(
+    assets: Any, workdir: Path, *, steps: int, lr: float, val_prompts: int, save_freq: int = -1
+) -> list[str]:
     """``main_ppo`` overrides of a GRPO run of the demo's model on its arithmetic task, sized for a CPU: 16 prompts ×
     4 samples a step, 8 response tokens, the hf engine, one worker, ``steps`` steps at ``lr``, validation on
-    ``val_prompts`` held-out questions before training and four times during it, checkpoints under ``workdir``
-    not kept. Examples add what makes them theirs (a reward, a teacher)."""
+    ``val_prompts`` held-out questions before training and four times during it, checkpoints under
+    ``workdir/ckpt`` every ``save_freq`` steps (-1: none; each with the actor's HF weights in
+    ``global_step_<n>/actor/huggingface``). Examples add what makes them theirs (a reward, a teacher)."""
     return [
         f"actor_rollout_ref.model.path={assets.model_path}",
         f"data.train_files={assets.train_files}",
@@ -54,7 +57,8 @@ def demo_grpo_overrides(assets: Any, workdir: Path, *, steps: int, lr: float, va
         f"trainer.total_training_steps={steps}",
         "trainer.val_before_train=true",
         f"trainer.test_freq={max(1, steps // 4)}",
-        "trainer.save_freq=-1",
+        f"trainer.save_freq={save_freq}",
+        *(["actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model]"] if save_freq > 0 else []),
         f"trainer.default_local_dir={workdir / 'ckpt'}",
         "trainer.logger=[console,file]",
     ]
