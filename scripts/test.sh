@@ -37,7 +37,7 @@ run_pytest() {  # run_pytest VENV MARKER [ARGS...]; pytest's exit 5 (no tests co
   return "$status"
 }
 
-build_venv "$VENV" "test,trackers,plot,docs,math"
+build_venv "$VENV" "test,trackers,plot,docs,math,mcore"
 
 echo "== ruff"
 "$VENV/bin/ruff" check .

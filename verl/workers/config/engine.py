@@ -192,8 +192,8 @@ def _mixed_precision_problems(p: str, mp: Any) -> list[str]:
     return problems
 
 
-# Mixed-precision dtypes Megatron trains in.
-MCORE_DTYPES = ("bfloat16", "float16")
+# Dtypes Megatron trains in (float32: CPU runs and exact tests).
+MCORE_DTYPES = ("bfloat16", "float16", "float32")
 
 
 @dataclass

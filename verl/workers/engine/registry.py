@@ -7,6 +7,8 @@ from collections.abc import Callable
 __all__ = ["ENGINE_REGISTRY", "get_engine_class", "register_engine"]
 
 ENGINE_REGISTRY: dict[str, type] = {}
+# engines whose module imports an optional package: registered when first asked for
+LAZY_ENGINES = {"megatron": "verl.workers.engine.megatron_engine"}
 
 
 def register_engine(*names: str) -> Callable[[type], type]:
@@ -23,7 +25,12 @@ def register_engine(*names: str) -> Callable[[type], type]:
 
 
 def get_engine_class(strategy: str) -> type:
-    """The engine class registered for ``strategy`` ("fsdp" and "fsdp2" → ``FSDPEngine``)."""
+    """The engine class registered for ``strategy`` ("fsdp" and "fsdp2" → ``FSDPEngine``, "megatron" →
+    ``MegatronEngine``)."""
+    if strategy not in ENGINE_REGISTRY and strategy in LAZY_ENGINES:
+        import importlib
+
+        importlib.import_module(LAZY_ENGINES[strategy])
     if strategy not in ENGINE_REGISTRY:
         raise ValueError(f"unknown engine strategy {strategy!r}; registered: {sorted(ENGINE_REGISTRY)}")
     return ENGINE_REGISTRY[strategy]

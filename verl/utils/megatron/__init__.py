@@ -1,0 +1,1 @@
+"""Helpers for megatron-core (``cpu_layer``: train megatron-core models on CPU over gloo)."""
