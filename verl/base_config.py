@@ -173,8 +173,9 @@ def omega_conf_to_dataclass(config: Any, dataclass_type: type[T] | None = None) 
             from hydra.utils import instantiate
 
             return instantiate(values, _convert_="partial")
-    elif str(values.get("_target_") or "").rpartition(".")[0] and not str(values["_target_"]).startswith("verl."):
-        # a recipe's subclass of the requested config (SPPO's SPPOActorConfig with its own keys): built as itself
+    elif str(values.get("_target_") or "").rpartition(".")[0]:
+        # a subclass of the requested config (a recipe's, as SPPO's SPPOActorConfig with its own keys; or verl's
+        # Megatron role configs, McoreActorConfig with its megatron block): built as itself
         own = _locate(str(values["_target_"]))
         if isinstance(own, type) and issubclass(own, dataclass_type) and dataclasses.is_dataclass(own):
             dataclass_type = own

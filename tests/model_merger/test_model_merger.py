@@ -314,7 +314,7 @@ def test_wrong_model_kind_and_config_errors_name_the_keys(trained, tmp_path, cap
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--backend", "megatron"], "--backend megatron: not supported in this build"),
+        (["--backend", "deepspeed"], "--backend deepspeed: not supported; use one of"),
         (["--backend", "fsdp", "--hf_upload_path", "me/model"], "--hf_upload_path/--private: uploading to the"),
         (["--backend", "fsdp", "--private"], "--hf_upload_path/--private: uploading to the"),
     ],

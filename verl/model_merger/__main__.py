@@ -1,12 +1,14 @@
-"""``python -m verl.model_merger {merge,test} --backend fsdp --local_dir <checkpoint> ...`` (veRL's option names).
+"""``python -m verl.model_merger {merge,test} --backend {fsdp,megatron} --local_dir <checkpoint> ...`` (veRL's names).
 
 ``merge`` writes the checkpoint as a Hugging Face folder at ``--target_dir``; ``test`` compares the model it would
 write with a reference Hugging Face folder (``--test_hf_dir``) tensor by tensor and exits with status 1 naming the
 tensors that differ. Errors (a missing or damaged file, keys that do not fit) exit with status 1 and name the file
 or key; usage errors (an unsupported option) exit with status 2.
 
-``--local_dir`` may hold this repository's DCP checkpoint (``.metadata``, ``*.distcp``) or one written by veRL's
-FSDP checkpoint manager (``model_world_size_{W}_rank_{R}.pt``, ``fsdp_config.json``); the layout is detected.
+With ``--backend fsdp``, ``--local_dir`` may hold this repository's DCP checkpoint (``.metadata``, ``*.distcp``) or
+one written by veRL's FSDP checkpoint manager (``model_world_size_{W}_rank_{R}.pt``, ``fsdp_config.json``); the
+layout is detected. With ``--backend megatron`` it holds the Megatron engine's rank files
+(``mp_rank_<tp>_<pp>_<dp>.pt``; `verl.model_merger.megatron`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import logging
 import os
 import sys
 
-SUPPORTED_BACKENDS = ("fsdp",)
+SUPPORTED_BACKENDS = ("fsdp", "megatron")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,7 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="operation", required=True)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--backend", required=True, help="checkpoint backend: fsdp (megatron is not supported here)")
+    common.add_argument(
+        "--backend", required=True, help="checkpoint backend: fsdp, or megatron (the Megatron engine's rank files)"
+    )
     common.add_argument(
         "--local_dir", required=True, help="the checkpoint folder, e.g. .../global_step_N/actor (DCP or veRL's layout)"
     )
@@ -67,10 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _check_usage(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.backend not in SUPPORTED_BACKENDS:
-        parser.error(
-            f"--backend {args.backend}: not supported in this build, which merges FSDP checkpoints only "
-            "(--backend fsdp); megatron checkpoints need veRL's megatron merger"
-        )
+        parser.error(f"--backend {args.backend}: not supported; use one of {list(SUPPORTED_BACKENDS)}")
     if args.hf_upload_path is not None or args.private:
         parser.error(
             "--hf_upload_path/--private: uploading to the Hugging Face Hub is not supported from here; merge into "
@@ -93,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         "is_value_model": args.is_value_model,
         "trust_remote_code": args.trust_remote_code,
         "dtype": args.dtype,
+        "backend": args.backend,
     }
     local_dir = os.path.abspath(args.local_dir)
     try:

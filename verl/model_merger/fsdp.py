@@ -163,6 +163,28 @@ def resolve_config_dir(local_dir: str, hf_model_config_path: str | None) -> str:
     return config_dir
 
 
+def _checkpoint_state_dict(
+    local_dir: str, config_dir: str, backend: str, dtype: torch.dtype | str | None, is_value_model: bool
+) -> dict[str, torch.Tensor]:
+    """The full HF state dict of an ``fsdp`` or ``megatron`` checkpoint, cast to ``dtype`` if given."""
+    if backend == "megatron":
+        from verl.model_merger.megatron import load_megatron_state_dict
+
+        state_dict = load_megatron_state_dict(local_dir, config_dir, is_value_model=is_value_model)
+        cast = _torch_dtype(dtype)
+        return {k: v.to(cast) if cast is not None and v.is_floating_point() else v for k, v in state_dict.items()}
+    return load_checkpoint_state_dict(local_dir, dtype=dtype)
+
+
+def _check_files(local_dir: str, backend: str) -> None:
+    if backend == "megatron":
+        from verl.model_merger.megatron import check_megatron_checkpoint_files
+
+        check_megatron_checkpoint_files(local_dir)
+    else:
+        check_model_checkpoint_files(local_dir)
+
+
 def merge_fsdp_checkpoint(
     local_dir: str,
     target_dir: str,
@@ -171,17 +193,18 @@ def merge_fsdp_checkpoint(
     is_value_model: bool = False,
     trust_remote_code: bool = False,
     dtype: torch.dtype | str | None = None,
+    backend: str = "fsdp",
 ) -> str:
-    """Write the FSDP checkpoint at ``local_dir`` (DCP or veRL's layout) as a Hugging Face folder at ``target_dir``;
-    returns ``target_dir``.
+    """Write the checkpoint at ``local_dir`` (FSDP: DCP or veRL's layout; ``backend="megatron"``: the Megatron
+    engine's rank files) as a Hugging Face folder at ``target_dir``; returns ``target_dir``.
 
     The model config (and tokenizer files) come from ``hf_model_config_path`` (default ``<local_dir>/huggingface``).
     ``is_value_model`` builds a token-classification model with one label (a critic). Weights keep the checkpoint's
     dtype unless ``dtype`` is given. Errors name the missing/corrupt file or the keys that do not fit.
     """
-    check_model_checkpoint_files(local_dir)
+    _check_files(local_dir, backend)
     config_dir = resolve_config_dir(local_dir, hf_model_config_path)
-    state_dict = load_checkpoint_state_dict(local_dir, dtype=dtype)
+    state_dict = _checkpoint_state_dict(local_dir, config_dir, backend, dtype, is_value_model)
     return save_hf_model(
         state_dict, config_dir, target_dir, is_value_model=is_value_model, trust_remote_code=trust_remote_code
     )
@@ -196,17 +219,18 @@ def compare_fsdp_checkpoint(
     trust_remote_code: bool = False,
     dtype: torch.dtype | str | None = None,
     atol: float = 0.0,
+    backend: str = "fsdp",
 ) -> tuple[int, list[str]]:
     """Compare the model that merging ``local_dir`` would write with the Hugging Face folder ``test_hf_dir``.
 
     Returns ``(number of tensors compared, differences)``; each difference names a tensor (see
     ``compare_state_dicts``), and the list is empty when names, shapes, dtypes and values (within ``atol``) agree.
     """
-    check_model_checkpoint_files(local_dir)
+    _check_files(local_dir, backend)
     config_dir = resolve_config_dir(local_dir, hf_model_config_path)
     if not os.path.isdir(test_hf_dir):
         raise FileNotFoundError(f"reference folder {test_hf_dir} does not exist")
-    state_dict = load_checkpoint_state_dict(local_dir, dtype=dtype)
+    state_dict = _checkpoint_state_dict(local_dir, config_dir, backend, dtype, is_value_model)
     merged = build_hf_model(
         state_dict, config_dir, is_value_model=is_value_model, trust_remote_code=trust_remote_code
     ).state_dict()

@@ -122,7 +122,13 @@ def with_demo_preset(config: DictConfig, overrides: list[str]) -> DictConfig:
         return config
     logger.info("no model and no data given: running the built-in demo (GRPO on a tiny model, CPU)")
     user = OmegaConf.from_dotlist([o.lstrip("+") for o in overrides if not o.startswith("~")])
-    return OmegaConf.merge(config, demo_preset(), user)
+    preset = demo_preset()
+    if config.get("model_engine") == "megatron":  # the Megatron roles' engine block (fp32 for the CPU demo too)
+        for role in (preset.actor_rollout_ref.actor, preset.actor_rollout_ref.ref):
+            del role["fsdp_config"]
+            role.megatron = {"dtype": "float32"}
+        preset.critic = {"megatron": {"dtype": "float32"}}
+    return OmegaConf.merge(config, preset, user)
 
 
 class TaskRunner:

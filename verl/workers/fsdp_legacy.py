@@ -37,7 +37,7 @@ from verl.utils.flops_counter import FlopsCounter
 from verl.utils.fs import copy_to_local
 from verl.utils.fsdp_utils import attach_engine
 from verl.utils.torch_functional import has_active_dropout
-from verl.workers.config.engine import FSDPEngineConfig
+from verl.workers.config.engine import FSDPEngineConfig, McoreEngineConfig
 from verl.workers.engine import get_engine_class
 from verl.workers.sharding_manager.fsdp_ulysses import FSDPUlyssesShardingManager
 
@@ -115,7 +115,8 @@ def build_engine(
     _refuse(use_fused_kernels, use_liger, enable_activation_offload)
     if role not in ("actor", "ref"):
         raise ValueError(f"_build_model_optimizer(role={role!r}); use 'actor' or 'ref'")
-    engine_config = omega_conf_to_dataclass(fsdp_config if fsdp_config is not None else {}, FSDPEngineConfig)
+    block = McoreEngineConfig if strategy == "megatron" else FSDPEngineConfig  # fsdp_config is the role's block
+    engine_config = omega_conf_to_dataclass(fsdp_config if fsdp_config is not None else {}, block)
     if optim_config is None and not engine_config.forward_only:
         engine_config = dataclasses.replace(engine_config, forward_only=True)
     override = override_model_config

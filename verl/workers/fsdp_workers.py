@@ -51,12 +51,12 @@ from verl.workers.config.builders import (
 )
 from verl.workers.config.distillation import DistillationConfig
 from verl.workers.config.lora import LoraSpec
-from verl.workers.critic import DataParallelPPOCritic
 from verl.workers.engine import get_engine_class
 from verl.workers.engine.sharding import create_device_mesh, get_sharding_strategy
 from verl.workers.engine.snapshots import ParameterSnapshots
 from verl.workers.profiled_worker import ProfiledWorker
 from verl.workers.remote_rollout import RemoteRolloutWeights
+from verl.workers.role_engines import actor_class, critic_class, data_parallel_layout, engine_block
 from verl.workers.rollout_worker import RolloutServing, register_meshes
 
 __all__ = [
@@ -109,10 +109,16 @@ class ActorRolloutRefWorker(RolloutServing, RemoteRolloutWeights, fsdp_legacy.Le
         self.model_config = build_model_config(config["model"])
         self.rollout_config = build_rollout_config(config["rollout"]) if self._is_actor else None
         self.actor_config = None
+        # (dp_rank, is_collect, dp_size) of the actor's and the ref's batch layouts (a Megatron engine's differ)
+        layouts = {
+            mesh: data_parallel_layout(config.get(mesh), self.rank, self.world_size)
+            for mesh in ("actor", "ref")
+            if (mesh == "actor" and trains) or (mesh == "ref" and self._is_ref)
+        }
         if self._is_actor:
             rollout_n = self.rollout_config.n if self.rollout_config is not None else 1
             self.actor_config = build_actor_config(
-                config["actor"], rollout_n=rollout_n, dp_size=self.world_size, model=self.model_config
+                config["actor"], rollout_n=rollout_n, dp_size=layouts["actor"][2], model=self.model_config
             )
         self.ref_config = build_ref_config(config.get("ref", {}), model=self.model_config) if self._is_ref else None
         self._init_legacy_attributes()
@@ -122,7 +128,7 @@ class ActorRolloutRefWorker(RolloutServing, RemoteRolloutWeights, fsdp_legacy.Le
         self._base_synced = False  # with LoRA, pushes after the first carry the adapters only
         self.verify_weight_sync = bool(int(os.environ.get("VERL_VERIFY_WEIGHT_SYNC", "0")))
         self._actor_ahead = False  # the actor changed since the last push (update_actor, load_checkpoint)
-        register_meshes(self)
+        register_meshes(self, {mesh: layout[:2] for mesh, layout in layouts.items()})
 
     # ------------------------------------------------------------------ set-up
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -134,14 +140,14 @@ class ActorRolloutRefWorker(RolloutServing, RemoteRolloutWeights, fsdp_legacy.Le
             cfg = self.actor_config
             self._build_model_optimizer(
                 model.path,
-                cfg.fsdp_config,
+                engine_block(cfg),
                 cfg.optim,
                 model.override_config,
                 enable_gradient_checkpointing=model.enable_gradient_checkpointing,
                 trust_remote_code=model.trust_remote_code,
                 role="actor",
             )
-            self.actor = DataParallelPPOActor(cfg, engine=self.actor_engine, distillation=self.distillation_config)
+            self.actor = actor_class(cfg.strategy)(cfg, engine=self.actor_engine, distillation=self.distillation_config)
         if self._ref_in_actor:
             self.ref_engine = self.actor_engine
             self.ref_policy = DataParallelPPOActor(self.ref_config, engine=self.actor_engine)
@@ -149,13 +155,13 @@ class ActorRolloutRefWorker(RolloutServing, RemoteRolloutWeights, fsdp_legacy.Le
         elif self._is_ref:
             self._build_model_optimizer(
                 model.path,
-                self.ref_config.fsdp_config,
+                engine_block(self.ref_config),
                 None,
                 model.override_config,
                 trust_remote_code=model.trust_remote_code,
                 role="ref",
             )
-            self.ref_policy = DataParallelPPOActor(self.ref_config, engine=self.ref_engine)
+            self.ref_policy = actor_class(self.ref_config.strategy)(self.ref_config, engine=self.ref_engine)
         if self._is_rollout:
             self._build_rollout(trust_remote_code=model.trust_remote_code)
         if self._is_actor:
@@ -356,15 +362,16 @@ class CriticWorker(ProfiledWorker):
     def __init__(self, config: Any, **kwargs: Any) -> None:
         super().__init__(config["model"].get("external_lib"), config.get("profiler"))
         initialize_global_process_group()
-        self.config = build_critic_config(config, dp_size=self.world_size)
-        register_meshes(self)
+        dp_rank, is_collect, dp_size = data_parallel_layout(config, self.rank, self.world_size)
+        self.config = build_critic_config(config, dp_size=dp_size)
+        register_meshes(self, {"critic": (dp_rank, is_collect)})
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         cfg = self.config
         self.critic_engine = get_engine_class(cfg.strategy)(
             copy_to_local(cfg.model.path, use_shm=cfg.model.use_shm),
-            cfg.fsdp_engine,
+            engine_block(cfg),
             cfg.optim,
             role="critic",
             enable_gradient_checkpointing=cfg.model.enable_gradient_checkpointing,
@@ -372,7 +379,7 @@ class CriticWorker(ProfiledWorker):
             override_config=cfg.model.override_config,
             lora=LoraSpec.from_config(cfg.model, key="critic.model"),
         )
-        self.critic = DataParallelPPOCritic(cfg, engine=self.critic_engine)
+        self.critic = critic_class(cfg.strategy)(cfg, engine=self.critic_engine)
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="critic"))
     def compute_values(self, data: DataProto) -> DataProto:

@@ -45,10 +45,14 @@ MESHES = ("actor", "rollout", "ref", "critic", "reward")
 RECEIVER_OPS = ("begin", "load", "end", "weight_digests")
 
 
-def register_meshes(worker: Worker) -> None:
-    """Pure data parallelism: every rank is its own dp rank and is collected, under every mesh name."""
+def register_meshes(worker: Worker, layouts: dict[str, tuple[int, bool]] | None = None) -> None:
+    """Register the dispatch info of every mesh name: ``layouts[mesh]`` is ``(dp_rank, is_collect)`` of a role laid
+    out over several ranks per data-parallel rank (a Megatron engine's tensor and pipeline ranks share one shard of
+    the batch; one of them returns the result); any other mesh is pure data parallelism: every rank is its own dp
+    rank and is collected."""
     for mesh in MESHES:
-        worker._register_dispatch_collect_info(mesh, dp_rank=worker.rank, is_collect=True)
+        dp_rank, is_collect = (layouts or {}).get(mesh, (worker.rank, True))
+        worker._register_dispatch_collect_info(mesh, dp_rank=dp_rank, is_collect=is_collect)
 
 
 class RolloutServing(ProfiledWorker):

@@ -60,10 +60,14 @@ def test_veRLs_groups_and_defaults_list():
         "engine/fsdp.yaml",
         "optim/fsdp.yaml",
         "ppo_megatron_trainer.yaml",
+        "model_engine/dp.yaml",
+        "model_engine/megatron.yaml",
     ):
         assert (CONFIG_DIR / rel).is_file(), rel
     defaults = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "ppo_trainer.yaml").defaults)
-    assert {"actor@actor_rollout_ref.actor": "dp_actor"} in defaults and defaults[-1] == "_self_"
+    # veRL 0.10: the model_engine group (dp | megatron) picks each role's file
+    assert defaults[0] == {"model_engine": "dp"} and defaults[-1] == "_self_"
+    assert {"actor@actor_rollout_ref.actor": "${model_engine}_actor"} in defaults
     assert {"algorithm@algorithm.rollout_correction": "rollout_correction"} in defaults
 
 
@@ -93,14 +97,17 @@ def test_group_overrides_compose():
     assert megatron.actor_rollout_ref.actor.strategy == "megatron" and "megatron" in megatron.actor_rollout_ref.actor
 
 
-def test_the_megatron_trainer_composes_and_is_refused():
+def test_the_megatron_trainer_composes_and_validates():
+    # veRL's deprecated alias: ppo_trainer with model_engine=megatron (the ref's layout follows the actor's)
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        config = compose("ppo_megatron_trainer", overrides=VALID)
-    assert config.critic.strategy == "megatron" and config.actor_rollout_ref.ref.megatron.forward_only is True
-    schema, problems = extend_schema(base_config(), config)
-    assert not problems
-    with pytest.raises(ConfigError, match="megatron is not available"):
-        validate_config(config, check_environment=False, schema=schema)
+        tp2 = "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"
+        config = compose("ppo_megatron_trainer", overrides=[*VALID, tp2])
+        same = compose("ppo_trainer", overrides=[*VALID, "model_engine=megatron", tp2])
+    assert config == same
+    assert config.model_engine == "megatron" and config.critic.strategy == "megatron"
+    assert config.actor_rollout_ref.ref.megatron.forward_only is True
+    assert config.actor_rollout_ref.ref.megatron.tensor_model_parallel_size == 2
+    validate_config(config, check_environment=False)
 
 
 RECIPE = """\

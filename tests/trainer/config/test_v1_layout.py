@@ -120,13 +120,18 @@ def test_the_rollout_pool_under_either_name(caplog):
             r"the teacher pool distillation.n_gpus_per_node=8 × distillation.nnodes=0 is empty",
         ),
         ("skip.rollout.enable=true", "skip.rollout.enable=True: veRL 0.10's rollout caching is not built"),
-        ("model_engine=megatron", "model_engine='megatron': the megatron engine is not built yet"),
-        ("model_engine=veomni", "model_engine='veomni': the veomni engine is not available here"),
     ],
 )
 def test_what_is_not_built_yet_is_refused_by_name(override, message):
     with pytest.raises(ConfigError, match=message):
         validate_config(merged([*VALID, override]))
+
+
+def test_an_engine_that_is_not_here_is_named_with_the_ones_that_are():
+    from hydra.errors import MissingConfigException
+
+    with pytest.raises(MissingConfigException, match=r"model_engine/veomni(.|\n)*dp(.|\n)*megatron"):
+        merged([*VALID, "model_engine=veomni"])
 
 
 def test_harmless_keys_warn(caplog):

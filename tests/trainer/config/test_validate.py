@@ -84,7 +84,7 @@ def test_a_valid_config_passes():
         ("trainer.device=tpu", "trainer.device='tpu'; use auto, cpu or cuda"),
         ("actor_rollout_ref.actor.loss_agg_mode=mean", "loss_agg_mode='mean'"),
         ("actor_rollout_ref.rollout.name=trtllm", "rollout.name"),
-        ("actor_rollout_ref.actor.strategy=megatron", "megatron is not available"),
+        ("actor_rollout_ref.actor.strategy=megatron", "megatron: the megatron_actor config, McoreActorConfig"),
         ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "sequence parallelism is not implemented"),
         (
             "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts=2",

@@ -6,7 +6,8 @@ and tp2 × pp2 with sequence parallelism (dp 1). Each computes the batch's mean 
 schedule, steps SGD once, and reports the loss, the gradient norm and the updated weights (gathered as HF tensors).
 All agree within 1e-5. The tp1 run (with the distributed optimizer) and the tp2 × pp2 run also save a checkpoint
 (with the HF weights), step again, load the checkpoint and step again: the second steps agree bit for bit; the saved
-HF folder holds the trained weights.
+HF folder holds the trained weights. A critic engine (a value head on the backbone) at tp2 × pp2 gives the values of
+transformers' token-classification model.
 Nothing is faked: this is megatron-core with `verl.utils.megatron.cpu_layer`, the CPU stand-in for its CUDA spots.
 """
 
@@ -29,7 +30,9 @@ OPTIM = {"optimizer": "sgd", "lr": 0.1, "weight_decay": 0.0, "clip_grad": 1.0, "
 
 
 def _make_model(folder: str) -> None:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    """The tiny Qwen2 causal LM in ``folder``, and the same backbone as a value model (one label: a critic's, with
+    its ``score`` head) in ``folder + "_value"``."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForTokenClassification
 
     config = Qwen2Config(
         vocab_size=256,
@@ -43,6 +46,8 @@ def _make_model(folder: str) -> None:
     )
     torch.manual_seed(0)
     Qwen2ForCausalLM(config).save_pretrained(folder)
+    config.num_labels = 1
+    Qwen2ForTokenClassification(config).save_pretrained(folder + "_value")
 
 
 def _batch() -> dict[str, torch.Tensor]:
@@ -140,7 +145,25 @@ def _megatron_run(model_dir: str, tp: int, pp: int, sp: bool, ckpt: str | None) 
     return out
 
 
+def _values(model_dir: str) -> torch.Tensor | None:
+    """A critic engine's values of the batch at tp2 × pp2 (with sequence parallelism), on the last stage's tp rank 0;
+    None elsewhere."""
+    from megatron.core import parallel_state as mpu
+
+    from verl.workers.engine.megatron_engine import MegatronEngine
+
+    config = {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2, "sequence_parallel": True}
+    engine = MegatronEngine(model_dir, {**config, "dtype": "float32", "forward_only": True}, role="critic")
+    with engine.eval_mode():
+        results = engine.forward_backward([_batch()], lambda out, mb: (out.sum() * 0, {"v": out}), forward_only=True)
+    mpu.destroy_model_parallel()
+    return results[0]["v"] if engine.is_collect_rank else None
+
+
 def _ranks(rank: int, model_dir: str, result_dir: str) -> None:
+    values = _values(model_dir + "_value")
+    if values is not None:
+        torch.save(values, os.path.join(result_dir, "values.pt"))
     runs = {"fsdp": _fsdp_run(model_dir)}
     for tp, pp, sp in LAYOUTS:
         ckpt = os.path.join(result_dir, f"ckpt_tp{tp}pp{pp}") if tp == pp else None
@@ -171,6 +194,15 @@ def test_megatron_layouts_match_each_other_and_fsdp(tmp_path):
         for key, tensor in reference["state"].items() if name != "tp1pp1" else ():
             torch.testing.assert_close(run["state"][key], tensor, atol=1e-5, rtol=0, msg=f"{name} {key}")
     assert reference["grad_norm"] > 1.0  # the clip at 1.0 acted
+    # the critic's value head on the split backbone: transformers' token-classification model's values
+    from transformers import AutoModelForTokenClassification
+
+    critic = AutoModelForTokenClassification.from_pretrained(model_dir + "_value", dtype=torch.float32)
+    batch = _batch()
+    with torch.no_grad():
+        expected = critic(**batch).logits
+    values, valid = torch.load(tmp_path / "values.pt"), batch["attention_mask"].bool()
+    torch.testing.assert_close(values[valid], expected[valid], atol=1e-5, rtol=0)
     for name in ("tp1pp1", "tp2pp2"):
         run = runs[name]
         assert run["resumed"] == run["second"], name  # bit-exact resume

@@ -42,13 +42,15 @@ def build_transformer_config(hf_config: Any, parallel: dict[str, Any], dtype: to
 
 
 class ValueHead(torch.nn.Module):
-    """A value model's output layer, (hidden) → 1, replicated on every tensor-parallel rank; it stands where the
-    LM head stands and answers its call (``(output, bias)``). Under sequence parallelism the hidden states are first
-    gathered back to the whole sequence."""
+    """A value model's output layer, (hidden) → 1 with a bias (transformers' ``score`` of a token-classification
+    model), replicated on every tensor-parallel rank; it stands where the LM head stands and answers its call
+    (``(output, bias)``). Under sequence parallelism the hidden states are first gathered back to the whole
+    sequence."""
 
     def __init__(self, hidden_size: int, sequence_parallel: bool, dtype: torch.dtype) -> None:
         super().__init__()
         self.weight = torch.nn.Parameter(torch.zeros(1, hidden_size, dtype=dtype))
+        self.bias = torch.nn.Parameter(torch.zeros(1, dtype=dtype))
         self.sequence_parallel = sequence_parallel
 
     def forward(self, hidden: torch.Tensor, weight: Any = None, runtime_gather_output: Any = None) -> tuple:
@@ -56,7 +58,7 @@ class ValueHead(torch.nn.Module):
             from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 
             hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
-        return torch.nn.functional.linear(hidden, self.weight), None
+        return torch.nn.functional.linear(hidden, self.weight, self.bias), None
 
 
 def build_gpt_stage(

@@ -15,8 +15,8 @@ Megatron's ``GPTModel`` with the local layer spec names its parameters::
 
 with G query groups (HF ``num_key_value_heads``), q = N/G query heads per group, d the head size, F the MLP width;
 ``i`` counts the layers of this pipeline stage (stage s holds layers s·L/pp … (s+1)·L/pp − 1). A value model's
-``output_layer`` is its value head, (1, H), HF ``score.weight``, not split. With tied embeddings and several stages
-the last stage holds a copy of the embedding, which :func:`mcore_to_hf` does not yield twice.
+``output_layer`` is its value head, weight (1, H) and bias (1,), HF ``score.*``, not split. With tied embeddings and
+several stages the last stage holds a copy of the embedding, which :func:`mcore_to_hf` does not yield twice.
 
 :func:`hf_to_mcore` cuts a rank's shard out of the HF tensors; :func:`mcore_to_hf` puts the full HF tensors back
 together from every tensor-parallel rank's shard of one stage. Both are exact (no arithmetic, only slicing).
@@ -26,10 +26,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-__all__ = ["McoreLayout", "hf_to_mcore", "mcore_to_hf", "stage_layers"]
+__all__ = ["McoreLayout", "hf_to_mcore", "layout_of", "mcore_to_hf", "stage_layers"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,24 @@ class McoreLayout:
             )
 
 
+def layout_of(hf_config: Any, tp_size: int = 1, pp_size: int = 1, value_model: bool = False) -> McoreLayout:
+    """The `McoreLayout` of a Hugging Face config split ``tp_size`` × ``pp_size`` ways."""
+    from verl.models.mcore.config_converter import hf_to_mcore_config
+
+    kwargs = hf_to_mcore_config(hf_config)
+    return McoreLayout(
+        num_layers=kwargs["num_layers"],
+        num_attention_heads=kwargs["num_attention_heads"],
+        num_query_groups=kwargs["num_query_groups"],
+        head_dim=kwargs["kv_channels"],
+        tp_size=tp_size,
+        pp_size=pp_size,
+        qkv_bias=kwargs["add_qkv_bias"],
+        tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)) and not value_model,
+        value_model=value_model,
+    )
+
+
 def stage_layers(layout: McoreLayout, pp_rank: int) -> range:
     """The global indices of the decoder layers pipeline stage ``pp_rank`` holds."""
     per_stage = layout.num_layers // layout.pp_size
@@ -100,10 +119,6 @@ def _qkv_to_hf(fused: torch.Tensor, layout: McoreLayout) -> tuple[torch.Tensor, 
     return q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)
 
 
-def _output_name(layout: McoreLayout) -> str:
-    return "score.weight" if layout.value_model else "lm_head.weight"
-
-
 def hf_to_mcore(
     get: Callable[[str], torch.Tensor], layout: McoreLayout, tp_rank: int, pp_rank: int
 ) -> dict[str, torch.Tensor]:
@@ -131,7 +146,7 @@ def hf_to_mcore(
     if last:
         out["decoder.final_layernorm.weight"] = get("model.norm.weight")
         if layout.value_model:
-            out["output_layer.weight"] = get("score.weight")
+            out["output_layer.weight"], out["output_layer.bias"] = get("score.weight"), get("score.bias")
         elif not layout.tie_word_embeddings:
             out["output_layer.weight"] = _split(get("lm_head.weight"), 0, tp, tp_rank)
     return out
@@ -171,5 +186,6 @@ def mcore_to_hf(
         yield "model.norm.weight", shards[0]["decoder.final_layernorm.weight"]
         if layout.value_model:
             yield "score.weight", shards[0]["output_layer.weight"]
+            yield "score.bias", shards[0]["output_layer.bias"]
         elif not layout.tie_word_embeddings:
             yield "lm_head.weight", whole("output_layer.weight", 0)

@@ -38,7 +38,19 @@ logger = logging.getLogger(__name__)
 CONFIG_DIR = Path(__file__).resolve().parent
 
 # The group folders of CONFIG_DIR (``actor@actor_rollout_ref.actor=dp_actor`` selects a file of one of them).
-GROUPS = ("actor", "algorithm", "critic", "data", "engine", "model", "optim", "ref", "reward_model", "rollout")
+GROUPS = (
+    "actor",
+    "algorithm",
+    "critic",
+    "data",
+    "engine",
+    "model",
+    "model_engine",
+    "optim",
+    "ref",
+    "reward_model",
+    "rollout",
+)
 
 
 def is_group_override(override: str) -> bool:

@@ -114,6 +114,18 @@ def resolve_actor_config(config: Any) -> ActorConfig | RefConfig:
     return omega_conf_to_dataclass(config, ActorConfig)
 
 
+def fold_micro_sums(sums: dict[str, float], micro: dict[str, float]) -> None:
+    """Add one micro-batch's metric contributions (:meth:`DataParallelPPOActor._micro_batch_loss`) into the
+    mini-batch's: the distillation term's ``_min`` / ``_max`` keep the extreme, everything else adds up."""
+    for key, value in micro.items():
+        if key.startswith("actor/distillation/") and key.endswith("_min"):
+            sums[key] = min(sums.get(key, float("inf")), value)
+        elif key.startswith("actor/distillation/") and key.endswith("_max"):
+            sums[key] = max(sums.get(key, float("-inf")), value)
+        else:
+            sums[key] = sums.get(key, 0.0) + value
+
+
 class ForwardOutputs(tuple):
     """What ``_forward_micro_batch`` returns: the tuple ``(entropy, log_probs)`` that veRL-recipe's actors unpack
     (``entropy`` None unless asked for), also readable by key like veRL's later dict (``["log_probs"]``,
@@ -228,6 +240,7 @@ class DataParallelPPOActor:
         batch = micro_batch.batch if isinstance(micro_batch, DataProto) else micro_batch
         responses = batch["responses"]
         bs, response_length = responses.shape
+        slot = None
         if self.use_remove_padding:
             output, keep, slot = forward_without_padding(
                 self.actor_module,
@@ -238,7 +251,6 @@ class DataParallelPPOActor:
                 response_logits_only=self._response_logits_only,
             )
             logits = output.logits.flatten(0, 1)[keep]  # (kept, vocab)
-            labels = responses.reshape(-1)[slot]
         else:
             extra = {"logits_to_keep": response_length + 1} if self._response_logits_only else {}
             output = self.actor_module(
@@ -249,7 +261,35 @@ class DataParallelPPOActor:
                 **extra,
             )
             logits = output.logits[:, -response_length - 1 : -1, :]
-            labels = responses
+        return self._response_outputs(
+            logits,
+            batch,
+            temperature,
+            calculate_entropy,
+            calculate_sum_pi_squared=calculate_sum_pi_squared,
+            entropy_grad=entropy_grad,
+            distillation_pieces=distillation_pieces,
+            slot=slot,
+        )
+
+    def _response_outputs(
+        self,
+        logits: torch.Tensor,
+        batch: Any,
+        temperature: float,
+        calculate_entropy: bool,
+        *,
+        calculate_sum_pi_squared: bool = False,
+        entropy_grad: bool = True,
+        distillation_pieces: bool = False,
+        slot: torch.Tensor | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """What :meth:`_forward_outputs` returns, from the logits that predict the response tokens: (bs,
+        response_length, vocab), or (kept, vocab) with ``slot`` the kept positions of the flattened (bs ·
+        response_length) layout (padding removed)."""
+        responses = batch["responses"]
+        bs, response_length = responses.shape
+        labels = responses if slot is None else responses.reshape(-1)[slot]
         if temperature != 1.0:
             logits = logits / temperature
         out = {"log_probs": logprobs_from_logits(logits, labels)}
@@ -259,8 +299,8 @@ class DataParallelPPOActor:
         if calculate_sum_pi_squared:
             out["sum_pi_squared"] = torch.softmax(logits.float(), dim=-1).square().sum(-1)
         if distillation_pieces:
-            out.update(self.distillation.topk_pieces(logits, batch, slot if self.use_remove_padding else None))
-        if self.use_remove_padding:
+            out.update(self.distillation.topk_pieces(logits, batch, slot))
+        if slot is not None:
             out = {key: pad_input(value, slot, bs, response_length) for key, value in out.items()}
         return out
 
@@ -323,6 +363,52 @@ class DataParallelPPOActor:
         temperature = float(data.meta_info.get("temperature", 1.0))
         mini_size = cfg.ppo_mini_batch_size_per_rank
         micro_size = cfg.ppo_micro_batch_size_per_gpu or mini_size
+        data = self._update_batch(data, on_policy)
+        calculate_entropy = cfg.entropy_coeff != 0 or cfg.calculate_entropy
+
+        metrics: dict[str, list[float]] = defaultdict(list)
+        recorded: dict[str, list[torch.Tensor]] = defaultdict(list)
+        self.actor_module.train()
+        for mini_batch, batch_info, local_tokens in iter_mini_batches(data, cfg, mini_size):
+            loss_config = dataclasses.replace(cfg, global_batch_info=batch_info)
+            sums: dict[str, float] = defaultdict(float)
+            micro_batches, order = split_micro_batches(
+                mini_batch, micro_size, cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu
+            )
+            backward_ran, skipped = False, 0
+            for index, micro in enumerate(micro_batches):
+                must_backward = index == len(micro_batches) - 1 and not backward_ran
+                forward, has_graph, n_skipped = self._forward_for_update(
+                    micro, temperature, calculate_entropy, on_policy, must_backward
+                )
+                skipped += n_skipped
+                if on_policy:
+                    recorded["old_log_probs"].append(forward["log_probs"].detach())
+                    recorded["entropys"].append(forward["entropys"].detach())
+                loss, micro_sums = self._micro_batch_loss(forward, micro, loss_config, on_policy, local_tokens)
+                if has_graph:
+                    loss.backward()
+                    backward_ran = True
+                fold_micro_sums(sums, micro_sums)
+            grad_norm = self.engine.clip_grad_norm_and_step(cfg.grad_clip)
+            for key, value in sums.items():
+                metrics[key].append(value)
+            metrics["actor/grad_norm"].append(grad_norm)
+            if self.zero_adv_skip_reason is None:
+                metrics["actor/zero_adv_skip_frac"].append(skipped / len(mini_batch))
+            if cfg.use_kl_loss:
+                metrics["actor/kl_coef"].append(cfg.kl_loss_coef)
+            if on_policy:
+                self.on_policy_outputs = {
+                    key: restore_order(values, order) if order is not None else torch.cat(values)
+                    for key, values in recorded.items()
+                }
+        return dict(metrics)
+
+    def _update_batch(self, data: DataProto, on_policy: bool) -> DataProto:
+        """The keys of ``data`` the update reads (an error naming the missing ones); on-policy updates checked."""
+        cfg = self.config
+        mini_size = cfg.ppo_mini_batch_size_per_rank
         if on_policy and (cfg.ppo_epochs != 1 or mini_size != len(data)):
             raise ValueError(
                 "old_log_prob_in_update needs one PPO epoch and one mini-batch (the update's first forward is then "
@@ -340,77 +426,49 @@ class DataParallelPPOActor:
         missing = [k for k in keys if k not in data.batch.keys()]
         if missing:
             raise KeyError(f"update_policy needs batch keys {missing}")
-        data = data.select(batch_keys=keys)
-        policy_loss_fn = get_policy_loss_fn(cfg.policy_loss.loss_mode)
-        calculate_entropy = cfg.entropy_coeff != 0 or cfg.calculate_entropy
+        return data.select(batch_keys=keys)
 
-        metrics: dict[str, list[float]] = defaultdict(list)
-        recorded: dict[str, list[torch.Tensor]] = defaultdict(list)
-        self.actor_module.train()
-        for mini_batch, batch_info, local_tokens in iter_mini_batches(data, cfg, mini_size):
-            loss_config = dataclasses.replace(cfg, global_batch_info=batch_info)
-            sums: dict[str, float] = defaultdict(float)
-            micro_batches, order = split_micro_batches(
-                mini_batch, micro_size, cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu
-            )
-            backward_ran, skipped = False, 0
-            for index, micro in enumerate(micro_batches):
-                mb = micro.batch
-                mask = mb["response_mask"]
-                must_backward = index == len(micro_batches) - 1 and not backward_ran
-                forward, has_graph, n_skipped = self._forward_for_update(
-                    micro, temperature, calculate_entropy, on_policy, must_backward
-                )
-                skipped += n_skipped
-                log_prob = forward["log_probs"]
-                entropy = forward.get("entropys") if calculate_entropy else None
-                if on_policy:
-                    recorded["old_log_probs"].append(log_prob.detach())
-                    recorded["entropys"].append(forward["entropys"].detach())
-                old_log_prob = log_prob.detach() if on_policy else mb["old_log_probs"]
-                pg_loss, pg_metrics = call_with_accepted_kwargs(  # a user's loss gets what it declares
-                    policy_loss_fn,
-                    old_log_prob=old_log_prob,
-                    log_prob=log_prob,
-                    advantages=mb["advantages"],
-                    response_mask=mask,
-                    loss_agg_mode=cfg.loss_agg_mode,
-                    config=loss_config,
-                    rollout_is_weights=mb["rollout_is_weights"] if "rollout_is_weights" in mb.keys() else None,
-                )
-                loss = pg_loss
-                sums["actor/pg_loss"] += float(pg_loss.detach())
-                if entropy is not None:
-                    entropy_loss = agg_loss(entropy, mask, cfg.loss_agg_mode, **batch_info)
-                    sums["actor/entropy"] += float(entropy_loss.detach())
-                    loss = loss - cfg.entropy_coeff * entropy_loss
-                if cfg.use_kl_loss:
-                    kld = kl_penalty(log_prob, mb["ref_log_prob"], cfg.kl_loss_type)
-                    kl_loss = agg_loss(kld, mask, cfg.loss_agg_mode, **batch_info)
-                    loss = loss + cfg.kl_loss_coef * kl_loss
-                    sums["actor/kl_loss"] += float(kl_loss.detach())
-                if self.distillation is not None:
-                    loss, distill_metrics = self.distillation.add(loss, loss_config, forward, mb, old_log_prob)
-                    reduce_micro_metrics(sums, distill_metrics, float(mask.sum()) / local_tokens)
-                if has_graph:
-                    loss.backward()
-                    backward_ran = True
-                for key, value in pg_metrics.items():  # per-token rates: weight micro-batches by their tokens
-                    sums[key] += float(value) * float(mask.sum()) / local_tokens
-            grad_norm = self.engine.clip_grad_norm_and_step(cfg.grad_clip)
-            for key, value in sums.items():
-                metrics[key].append(value)
-            metrics["actor/grad_norm"].append(grad_norm)
-            if self.zero_adv_skip_reason is None:
-                metrics["actor/zero_adv_skip_frac"].append(skipped / len(mini_batch))
-            if cfg.use_kl_loss:
-                metrics["actor/kl_coef"].append(cfg.kl_loss_coef)
-            if on_policy:
-                self.on_policy_outputs = {
-                    key: restore_order(values, order) if order is not None else torch.cat(values)
-                    for key, values in recorded.items()
-                }
-        return dict(metrics)
+    def _micro_batch_loss(
+        self, forward: dict[str, torch.Tensor], micro: Any, loss_config: Any, on_policy: bool, local_tokens: float
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The update's loss of one micro-batch from its forward outputs (its share of the mini-batch's loss: policy
+        loss, entropy bonus, KL loss, distillation term) and its metric contributions, which
+        :func:`fold_micro_sums` adds into the mini-batch's (``local_tokens``: this rank's tokens in the
+        mini-batch)."""
+        cfg = self.config
+        mb = micro.batch if isinstance(micro, DataProto) else micro
+        batch_info = loss_config.global_batch_info
+        mask = mb["response_mask"]
+        share = float(mask.sum()) / local_tokens
+        log_prob = forward["log_probs"]
+        old_log_prob = log_prob.detach() if on_policy else mb["old_log_probs"]
+        pg_loss, pg_metrics = call_with_accepted_kwargs(  # a user's loss gets what it declares
+            get_policy_loss_fn(cfg.policy_loss.loss_mode),
+            old_log_prob=old_log_prob,
+            log_prob=log_prob,
+            advantages=mb["advantages"],
+            response_mask=mask,
+            loss_agg_mode=cfg.loss_agg_mode,
+            config=loss_config,
+            rollout_is_weights=mb["rollout_is_weights"] if "rollout_is_weights" in mb.keys() else None,
+        )
+        loss = pg_loss
+        sums: dict[str, float] = {"actor/pg_loss": float(pg_loss.detach())}
+        if cfg.entropy_coeff != 0 or cfg.calculate_entropy:
+            entropy_loss = agg_loss(forward["entropys"], mask, cfg.loss_agg_mode, **batch_info)
+            sums["actor/entropy"] = float(entropy_loss.detach())
+            loss = loss - cfg.entropy_coeff * entropy_loss
+        if cfg.use_kl_loss:
+            kld = kl_penalty(log_prob, mb["ref_log_prob"], cfg.kl_loss_type)
+            kl_loss = agg_loss(kld, mask, cfg.loss_agg_mode, **batch_info)
+            loss = loss + cfg.kl_loss_coef * kl_loss
+            sums["actor/kl_loss"] = float(kl_loss.detach())
+        if self.distillation is not None:
+            loss, distill_metrics = self.distillation.add(loss, loss_config, forward, mb, old_log_prob)
+            reduce_micro_metrics(sums, distill_metrics, share)
+        for key, value in pg_metrics.items():  # per-token rates: weight micro-batches by their tokens
+            sums[key] = sums.get(key, 0.0) + float(value) * share
+        return loss, sums
 
     def _forward_for_update(
         self, micro: DataProto, temperature: float, calculate_entropy: bool, on_policy: bool, must_backward: bool

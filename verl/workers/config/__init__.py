@@ -5,7 +5,7 @@ from verl.workers.config.checkpoint import CheckpointConfig
 from verl.workers.config.critic import CriticConfig, CriticModelConfig, FSDPCriticConfig
 from verl.workers.config.distillation import DistillationConfig, DistillationLossConfig, DistillationTeacherModelConfig
 from verl.workers.config.engine import FSDPEngineConfig, McoreEngineConfig
-from verl.workers.config.megatron import McoreActorConfig, McoreCriticConfig, McoreOptimizerConfig
+from verl.workers.config.megatron import McoreActorConfig, McoreCriticConfig, McoreOptimizerConfig, McoreRefConfig
 from verl.workers.config.model import HFModelConfig
 from verl.workers.config.optimizer import FSDPOptimizerConfig, OptimConfig, OptimizerConfig
 from verl.workers.config.profiler import RoleProfilerConfig
@@ -45,6 +45,7 @@ __all__ = [
     "McoreCriticConfig",
     "McoreEngineConfig",
     "McoreOptimizerConfig",
+    "McoreRefConfig",
     "MultiTurnConfig",
     "OptimConfig",
     "OptimizerConfig",

@@ -164,9 +164,9 @@ class ActorConfig(BaseConfig):
         data_parallel_size: data-parallel ranks (set by the worker).
     """
 
-    # The strategies this class accepts (the Megatron subclass accepts "megatron" as a config only).
+    # The strategies this class accepts (the Megatron subclass, McoreActorConfig, accepts "megatron").
     _strategies: ClassVar[tuple[str, ...]] = ("fsdp", "fsdp2")
-    _strategy_hint: ClassVar[str] = "use fsdp or fsdp2 (megatron is not available)"
+    _strategy_hint: ClassVar[str] = "use fsdp or fsdp2 (megatron: the megatron_actor config, McoreActorConfig)"
 
     clip_ratio: float = 0.2
     clip_ratio_low: float | None = 0.2
@@ -294,6 +294,10 @@ class RefConfig(BaseConfig):
         profiler: profiler options of the reference policy.
     """
 
+    # The strategies this class accepts (the Megatron subclass, McoreRefConfig, accepts "megatron").
+    _strategies: ClassVar[tuple[str, ...]] = ("fsdp", "fsdp2")
+    _strategy_hint: ClassVar[str] = "use fsdp or fsdp2 (megatron: the megatron_ref config, McoreRefConfig)"
+
     strategy: str = "fsdp"
     log_prob_micro_batch_size: int | None = None
     log_prob_micro_batch_size_per_gpu: int | None = None
@@ -309,8 +313,8 @@ class RefConfig(BaseConfig):
     profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
 
     def __post_init__(self) -> None:
-        if self.strategy not in ("fsdp", "fsdp2"):
-            raise ValueError(f"ref.strategy={self.strategy!r}; use fsdp or fsdp2 (megatron is not available)")
+        if self.strategy not in self._strategies:
+            raise ValueError(f"ref.strategy={self.strategy!r}; {self._strategy_hint}")
         if self.log_prob_micro_batch_size is not None:
             raise ValueError(
                 "ref.log_prob_micro_batch_size (global) is deprecated and not supported: set "

@@ -31,6 +31,11 @@ def known_keys(config: Any, cls: type, section: str) -> Any:
     target = str(values.get("_target_") or "")
     if target and not target.startswith("verl."):
         return values  # a recipe's subclass: it declares its own keys
+    if target:  # verl's own subclass (McoreActorConfig): its keys
+        from verl.base_config import _locate
+
+        own = _locate(target)
+        cls = own if isinstance(own, type) and issubclass(own, cls) else cls
     fields = {f.name for f in dataclasses.fields(cls)} | {"_target_"}
     extra = sorted(k for k in values if k not in fields)
     if extra:
@@ -70,10 +75,12 @@ def build_actor_config(config: Any, rollout_n: int, dp_size: int, model: HFModel
 
 
 def build_ref_config(config: Any, model: HFModelConfig | None = None) -> RefConfig:
-    """``actor_rollout_ref.ref`` → `RefConfig` (its FSDP engine is always forward-only; an unset
+    """``actor_rollout_ref.ref`` → `RefConfig` (its engine is always forward-only; an unset
     ``use_remove_padding`` takes the model's)."""
     ref = omega_conf_to_dataclass(known_keys(config, RefConfig, "ref"), RefConfig)
     derived: dict[str, Any] = {"fsdp_config": dataclasses.replace(ref.fsdp_config, forward_only=True)}
+    if hasattr(ref, "megatron"):  # McoreRefConfig
+        derived["megatron"] = dataclasses.replace(ref.megatron, forward_only=True)
     if ref.use_remove_padding is None and model is not None:
         derived["use_remove_padding"] = bool(model.use_remove_padding)
     return dataclasses.replace(ref, **derived)

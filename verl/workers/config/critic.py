@@ -96,9 +96,9 @@ class CriticConfig(BaseConfig):
         data_parallel_size: data-parallel ranks (set by the worker).
     """
 
-    # The strategies this class accepts (the Megatron subclass accepts "megatron" as a config only).
+    # The strategies this class accepts (the Megatron subclass, McoreCriticConfig, accepts "megatron").
     _strategies: ClassVar[tuple[str, ...]] = ("fsdp", "fsdp2")
-    _strategy_hint: ClassVar[str] = "use fsdp or fsdp2 (megatron is not available)"
+    _strategy_hint: ClassVar[str] = "use fsdp or fsdp2 (megatron: the megatron_critic config, McoreCriticConfig)"
 
     enable: bool | None = None
     strategy: str = "fsdp"

@@ -1,10 +1,7 @@
-"""veRL's Megatron role configs, as configs only: ``McoreOptimizerConfig``, ``McoreActorConfig``,
-``McoreCriticConfig``.
-
-They exist so that ``_target_: verl.workers.config.McoreActorConfig`` (``actor/megatron_actor.yaml``,
-``ppo_megatron_trainer.yaml``) and recipes that build them resolve and validate. This verl has no Megatron engine:
-the trainer builds its roles as ``ActorConfig`` / ``CriticConfig``, which refuse ``strategy: megatron`` at start-up,
-so none of these reaches a worker.
+"""veRL's Megatron role configs: ``McoreOptimizerConfig``, ``McoreActorConfig``, ``McoreRefConfig``,
+``McoreCriticConfig`` (``actor/megatron_actor.yaml``, ``ref/megatron_ref.yaml``, ``critic/megatron_critic.yaml``,
+composed by ``ppo_megatron_trainer.yaml``). Each adds the ``megatron`` engine block
+(`verl.workers.config.engine.McoreEngineConfig`) that `verl.workers.engine.megatron_engine.MegatronEngine` reads.
 """
 
 from __future__ import annotations
@@ -12,14 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from verl.workers.config.actor import ActorConfig
+from verl.workers.config.actor import ActorConfig, RefConfig
 from verl.workers.config.critic import CriticConfig
 from verl.workers.config.engine import McoreEngineConfig
 from verl.workers.config.optimizer import FSDPOptimizerConfig
 
-__all__ = ["McoreActorConfig", "McoreCriticConfig", "McoreOptimizerConfig"]
+__all__ = ["McoreActorConfig", "McoreCriticConfig", "McoreOptimizerConfig", "McoreRefConfig"]
 
-_HINT = "a Megatron role config takes strategy megatron (and is a config only: no Megatron engine runs here)"
+_HINT = "a Megatron role config (megatron_actor / megatron_ref / megatron_critic) takes strategy megatron"
 MCORE_LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
 
 
@@ -45,7 +42,9 @@ class McoreOptimizerConfig(FSDPOptimizerConfig):
         muon_tp_mode: how a tensor-parallel weight is orthogonalized ("blockwise", "allgather", ...).
         muon_fp32_matmul_prec: precision of Muon's fp32 matmuls ("medium", "high", "highest").
         muon_scalar_optimizer: optimizer for the non-matrix parameters under Muon.
-        (The Muon keys carry Megatron-Core's defaults; as the rest of this config, nothing here reads them.)
+        (The Megatron engine reads ``optimizer``, ``lr``, ``weight_decay``, ``betas``, ``lr_decay_style`` (constant or
+        cosine) and the shared warm-up keys; a key of this block it does not read, set away from its default, is
+        refused at start-up by name.)
     """
 
     optimizer: str = "adam"
@@ -79,6 +78,11 @@ class McoreOptimizerConfig(FSDPOptimizerConfig):
                 raise ValueError(f"optim.{name}={value!r} must be an integer >= 0 or null")
 
 
+def _refuse_no_weights(config: ActorConfig | RefConfig | CriticConfig, section: str) -> None:
+    if not config.load_weight:
+        raise ValueError(f"{section}.load_weight=false: the Megatron engine always starts from the HF weights")
+
+
 def _mcore_optim() -> McoreOptimizerConfig:
     return McoreOptimizerConfig(min_lr_ratio=0.0)
 
@@ -89,11 +93,11 @@ def _mcore_critic_optim() -> McoreOptimizerConfig:
 
 @dataclass
 class McoreActorConfig(ActorConfig):
-    """``actor_rollout_ref.actor`` of ``ppo_megatron_trainer`` (veRL's ``McoreActorConfig``), a config only.
+    """``actor_rollout_ref.actor`` of ``ppo_megatron_trainer`` (veRL's ``McoreActorConfig``).
 
     Args:
-        megatron: how the model would be split (tensor/pipeline/... parallel sizes).
-        load_weight: load the HF weights into the Megatron model.
+        megatron: how the model is split and trained (tensor/pipeline parallel sizes, dtype, optimizer sharding).
+        load_weight: load the HF weights into the Megatron model (false is refused: a run starts from them).
     """
 
     _strategies: ClassVar[tuple[str, ...]] = ("megatron",)
@@ -104,14 +108,18 @@ class McoreActorConfig(ActorConfig):
     megatron: McoreEngineConfig = field(default_factory=McoreEngineConfig)
     load_weight: bool = True
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _refuse_no_weights(self, "actor_rollout_ref.actor")
+
 
 @dataclass
 class McoreCriticConfig(CriticConfig):
-    """``critic`` of ``ppo_megatron_trainer`` (veRL's ``McoreCriticConfig``), a config only.
+    """``critic`` of ``ppo_megatron_trainer`` (veRL's ``McoreCriticConfig``).
 
     Args:
-        megatron: how the value model would be split.
-        load_weight: load the HF weights into the Megatron model.
+        megatron: how the value model is split and trained.
+        load_weight: load the HF weights into the Megatron model (false is refused).
     """
 
     _strategies: ClassVar[tuple[str, ...]] = ("megatron",)
@@ -121,3 +129,29 @@ class McoreCriticConfig(CriticConfig):
     optim: McoreOptimizerConfig = field(default_factory=_mcore_critic_optim)
     megatron: McoreEngineConfig = field(default_factory=McoreEngineConfig)
     load_weight: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _refuse_no_weights(self, "critic")
+
+
+@dataclass
+class McoreRefConfig(RefConfig):
+    """``actor_rollout_ref.ref`` of ``ppo_megatron_trainer``: the reference policy on a forward-only Megatron engine
+    laid out as the actor's.
+
+    Args:
+        megatron: the reference model's engine block (``forward_only`` always).
+        load_weight: load the HF weights into the Megatron model (false is refused).
+    """
+
+    _strategies: ClassVar[tuple[str, ...]] = ("megatron",)
+    _strategy_hint: ClassVar[str] = _HINT
+
+    strategy: str = "megatron"
+    megatron: McoreEngineConfig = field(default_factory=lambda: McoreEngineConfig(forward_only=True))
+    load_weight: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _refuse_no_weights(self, "actor_rollout_ref.ref")

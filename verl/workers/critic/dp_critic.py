@@ -24,7 +24,14 @@ from verl.workers.actor.dp_actor import iter_mini_batches, split_micro_batches
 from verl.workers.config.critic import CriticConfig
 from verl.workers.engine.base import TrainingEngine, as_engine
 
-__all__ = ["DataParallelPPOCritic"]
+__all__ = ["DataParallelPPOCritic", "response_values"]
+
+
+def response_values(values: torch.Tensor, response_length: int) -> torch.Tensor:
+    """The values at the positions that read the response tokens, (bs, response_length) in fp32, from a value
+    model's (bs, seq[, 1]) output."""
+    values = values.squeeze(-1) if values.dim() == 3 else values
+    return values[:, -response_length - 1 : -1].float()
 
 
 class DataParallelPPOCritic:
@@ -70,11 +77,10 @@ class DataParallelPPOCritic:
                 use_cache=False,
             )
         values = output.logits if hasattr(output, "logits") else output[0]
-        if values.dim() == 3:
-            values = values.squeeze(-1)
         if self.use_remove_padding:
+            values = values.squeeze(-1) if values.dim() == 3 else values
             return pad_input(values.flatten(0, 1)[keep].float(), slot, bs, response_length)
-        return values[:, -response_length - 1 : -1].float()
+        return response_values(values, response_length)
 
     @torch.no_grad()
     def compute_values(self, data: DataProto) -> torch.Tensor:
@@ -98,16 +104,42 @@ class DataParallelPPOCritic:
             values = values * data.batch["response_mask"].to(values.dtype)
         return values
 
+    def _micro_batch_loss(
+        self, vpreds: torch.Tensor, mb: Any, batch_info: dict[str, Any], local_tokens: float
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The clipped value loss of one micro-batch (its share of the mini-batch's) from its predicted values, and
+        its contributions to the ``critic/*`` metrics (``local_tokens``: this rank's tokens in the mini-batch)."""
+        cfg = self.config
+        vf_loss, vf_clipfrac = compute_value_loss(
+            vpreds=vpreds,
+            returns=mb["returns"],
+            values=mb["values"],
+            response_mask=mb["response_mask"],
+            cliprange_value=cfg.cliprange_value,
+            loss_agg_mode=cfg.loss_agg_mode,
+            **batch_info,
+        )
+        weight = float(mb["response_mask"].sum()) / local_tokens
+        return vf_loss, {
+            "critic/vf_loss": float(vf_loss.detach()),
+            "critic/vf_clipfrac": float(vf_clipfrac) * weight,
+            "critic/vpred_mean": float(masked_mean(vpreds.detach(), mb["response_mask"])) * weight,
+        }
+
+    def _update_batch(self, data: DataProto) -> DataProto:
+        """The keys of ``data`` the update reads (an error naming the missing ones)."""
+        keys = ["responses", "response_mask", "input_ids", "attention_mask", "position_ids", "values", "returns"]
+        missing = [k for k in keys if k not in data.batch.keys()]
+        if missing:
+            raise KeyError(f"update_critic needs batch keys {missing}")
+        return data.select(batch_keys=keys)
+
     def update_critic(self, data: DataProto) -> dict[str, list[float]]:
         """``ppo_epochs`` passes of mini-batch updates of the clipped value loss. Returns ``critic/*`` metrics."""
         if self.critic_optimizer is None:
             raise RuntimeError("update_critic needs an optimizer: this critic was built for inference only")
         cfg = self.config
-        keys = ["responses", "response_mask", "input_ids", "attention_mask", "position_ids", "values", "returns"]
-        missing = [k for k in keys if k not in data.batch.keys()]
-        if missing:
-            raise KeyError(f"update_critic needs batch keys {missing}")
-        data = data.select(batch_keys=keys)
+        data = self._update_batch(data)
         mini_size = cfg.ppo_mini_batch_size_per_rank
         micro_size = cfg.ppo_micro_batch_size_per_gpu or mini_size
         metrics: dict[str, list[float]] = defaultdict(list)
@@ -118,22 +150,12 @@ class DataParallelPPOCritic:
                 mini_batch, micro_size, cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu
             )
             for micro in micro_batches:
-                mb = micro.batch
-                vpreds = self._forward_micro_batch(micro)
-                vf_loss, vf_clipfrac = compute_value_loss(
-                    vpreds=vpreds,
-                    returns=mb["returns"],
-                    values=mb["values"],
-                    response_mask=mb["response_mask"],
-                    cliprange_value=cfg.cliprange_value,
-                    loss_agg_mode=cfg.loss_agg_mode,
-                    **batch_info,
+                vf_loss, micro_sums = self._micro_batch_loss(
+                    self._forward_micro_batch(micro), micro.batch, batch_info, local_tokens
                 )
                 vf_loss.backward()
-                weight = float(mb["response_mask"].sum()) / local_tokens
-                sums["critic/vf_loss"] += float(vf_loss.detach())
-                sums["critic/vf_clipfrac"] += float(vf_clipfrac) * weight
-                sums["critic/vpred_mean"] += float(masked_mean(vpreds.detach(), mb["response_mask"])) * weight
+                for key, value in micro_sums.items():
+                    sums[key] += value
             grad_norm = self.engine.clip_grad_norm_and_step(cfg.grad_clip)
             for key, value in sums.items():
                 metrics[key].append(value)

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from verl.base_config import omega_conf_to_dataclass
 from verl.models.mcore.config_converter import SUPPORTED_MODEL_TYPES
 from verl.models.mcore.model_builder import build_gpt_stage, build_transformer_config
-from verl.models.mcore.weight_converter import McoreLayout, hf_to_mcore, mcore_to_hf
+from verl.models.mcore.weight_converter import hf_to_mcore, layout_of, mcore_to_hf
 from verl.utils.torch_dtypes import to_torch_dtype
 from verl.workers.config.engine import McoreEngineConfig
 from verl.workers.config.optimizer import FSDPOptimizerConfig
@@ -40,7 +40,7 @@ from verl.workers.engine.lr_schedule import LR_SCHEDULES, resolve_warmup_steps
 from verl.workers.engine.megatron_inputs import McoreInputs
 from verl.workers.engine.registry import register_engine
 
-__all__ = ["MegatronEngine"]
+__all__ = ["MegatronEngine", "megatron_rank_layout"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +60,55 @@ def _refuse_unbuilt(cfg: McoreEngineConfig) -> None:
         problems.append("use_dist_checkpointing (models load from their Hugging Face folder)")
     if cfg.override_mcore_model_config:
         problems.append(f"override_mcore_model_config={cfg.override_mcore_model_config}")
+    offload = [k for k in ("param_offload", "grad_offload", "optimizer_offload") if getattr(cfg, k)]
+    if offload and torch.cuda.is_available():
+        problems.append(f"{offload} (offloading the Megatron engine's state is not built)")
     if problems:
         raise ValueError("megatron engine: not supported here: " + "; ".join(problems))
+    if offload:
+        logger.info("megatron engine: %s do nothing on a CPU device (the state already lives in host memory)", offload)
+    if cfg.use_mbridge:
+        logger.info("megatron engine: use_mbridge: HF weights are converted by verl.models.mcore (Qwen2/Llama)")
+
+
+def megatron_rank_layout(rank: int, world_size: int, tp: int, pp: int) -> tuple[int, int, int, int]:
+    """``(tp_rank, dp_rank, pp_rank, dp_size)`` of global ``rank`` in Megatron's default order (tensor-parallel
+    ranks adjacent, then data, then pipeline), without megatron-core: workers register their dispatch meshes with it
+    before the engine exists, and the engine checks it against Megatron's own."""
+    if tp < 1 or pp < 1 or world_size % (tp * pp):
+        raise ValueError(
+            f"megatron engine: {world_size} ranks do not split into tensor_model_parallel_size={tp} × "
+            f"pipeline_model_parallel_size={pp}"
+        )
+    dp = world_size // (tp * pp)
+    return rank % tp, (rank // tp) % dp, rank // (tp * dp), dp
+
+
+# optim keys of Megatron's block (McoreOptimizerConfig) this engine does not read: refused when set
+UNREAD_OPTIM_KEYS = (
+    "lr_warmup_init",
+    "lr_decay_steps",
+    "min_lr",
+    "weight_decay_incr_style",
+    "lr_wsd_decay_style",
+    "lr_wsd_decay_steps",
+    "use_checkpoint_opt_param_scheduler",
+    "use_layer_wise_distributed_optimizer",
+    "override_optimizer_config",
+)
+
+
+def _refuse_unread_optim(optim: Any) -> None:
+    from verl.workers.config.megatron import McoreOptimizerConfig
+
+    if not isinstance(optim, McoreOptimizerConfig):
+        return
+    default = McoreOptimizerConfig()
+    changed = [k for k in UNREAD_OPTIM_KEYS if getattr(optim, k) != getattr(default, k)]
+    if optim.use_layer_wise_distributed_optimizer or optim.optimizer.lower() not in ("adam", "adamw", "sgd"):
+        changed.append(f"optimizer={optim.optimizer!r}")
+    if changed:
+        raise ValueError(f"megatron engine: optim keys set that it does not implement: {changed}")
 
 
 def _init_model_parallel(cfg: McoreEngineConfig) -> None:
@@ -163,6 +210,8 @@ class MegatronEngine:
         from megatron.core import tensor_parallel
 
         tensor_parallel.model_parallel_cuda_manual_seed(cfg.seed)
+        if cfg.full_determinism:
+            torch.use_deterministic_algorithms(True)
         self.role = role
         self.is_value_model = role in VALUE_MODEL_ROLES
         self.forward_only = cfg.forward_only or role in FORWARD_ONLY_ROLES
@@ -178,6 +227,11 @@ class MegatronEngine:
         self.is_first_stage, self.is_last_stage = self.pp_rank == 0, self.pp_rank == self.pp_size - 1
         self.is_collect_rank = self.tp_rank == 0 and self.is_last_stage
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        expected = megatron_rank_layout(self.rank, self.world_size, self.tp_size, self.pp_size)
+        if expected != (self.tp_rank, self.dp_rank, self.pp_rank, self.dp_size):
+            raise RuntimeError(
+                f"megatron engine: rank {self.rank} is {expected} by our layout, Megatron says otherwise"
+            )
 
         hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
         for key, value in (override_config or {}).items():
@@ -200,18 +254,7 @@ class MegatronEngine:
         self.transformer_config = build_transformer_config(
             hf_config, parallel, self.dtype, dict(cfg.override_transformer_config)
         )
-        tie = bool(getattr(hf_config, "tie_word_embeddings", False)) and not self.is_value_model
-        self.layout = McoreLayout(
-            num_layers=hf_config.num_hidden_layers,
-            num_attention_heads=hf_config.num_attention_heads,
-            num_query_groups=self.transformer_config.num_query_groups,
-            head_dim=self.transformer_config.kv_channels,
-            tp_size=self.tp_size,
-            pp_size=self.pp_size,
-            qkv_bias=self.transformer_config.add_qkv_bias,
-            tie_word_embeddings=tie,
-            value_model=self.is_value_model,
-        )
+        self.layout = layout_of(hf_config, self.tp_size, self.pp_size, value_model=self.is_value_model)
         if hf_config.vocab_size % self.tp_size:
             raise ValueError(
                 f"megatron engine: vocab_size {hf_config.vocab_size} does not split over "
@@ -227,6 +270,7 @@ class MegatronEngine:
         self._load_hf_weights(model, model_path)
         model.to(self.device)
         self.optimizer = None
+        self.lr_scheduler = None  # the schedule is the engine's own (lr_scheduler_step); no torch scheduler object
         self._lr_lambda: Callable[[int], float] | None = None
         self._lr_step = 0
         if self.forward_only:
@@ -253,11 +297,14 @@ class MegatronEngine:
                     get("score.weight")
                 except KeyError:  # a causal LM's folder: the value head starts fresh, as transformers starts it
                     generator = torch.Generator().manual_seed(self.engine_config.seed)
-                    head = torch.empty(1, self.model_config.hidden_size).normal_(
-                        0.0, self.transformer_config.init_method_std, generator=generator
-                    )
+                    head = {
+                        "score.weight": torch.empty(1, self.model_config.hidden_size).normal_(
+                            0.0, self.transformer_config.init_method_std, generator=generator
+                        ),
+                        "score.bias": torch.zeros(1),
+                    }
                     base = get
-                    get = lambda name: head if name == "score.weight" else base(name)  # noqa: E731
+                    get = lambda name: head[name] if name in head else base(name)  # noqa: E731
             state = hf_to_mcore(get, self.layout, self.tp_rank, self.pp_rank)
         own = {k for k in model.state_dict() if not k.endswith("_extra_state")}
         missing, extra = sorted(own - set(state)), sorted(set(state) - own)
@@ -286,6 +333,7 @@ class MegatronEngine:
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
         optim = self.optim_config
+        _refuse_unread_optim(optim)
         name = getattr(optim, "optimizer", "adam").lower()
         name = {"adamw": "adam"}.get(name, name)
         if name not in ("adam", "sgd"):
@@ -373,6 +421,17 @@ class MegatronEngine:
                 forward_only=forward_only,
             )
         return list(results) if self.is_last_stage else []
+
+    def share_from_last_stage(self, obj: Any) -> Any:
+        """``obj`` as the last pipeline stage holds it, on every stage (a no-op without pipeline stages)."""
+        if self.pp_size == 1:
+            return obj
+        from megatron.core import parallel_state as mpu
+
+        group = mpu.get_pipeline_model_parallel_group()
+        holder = [obj if self.is_last_stage else None]
+        dist.broadcast_object_list(holder, src=dist.get_global_rank(group, self.pp_size - 1), group=group)
+        return holder[0]
 
     def zero_grad(self) -> None:
         """Drop the accumulated gradients."""
