@@ -32,6 +32,10 @@ def build_transformer_config(hf_config: Any, parallel: dict[str, Any], dtype: to
         fp16=dtype == torch.float16,
         activation_func=torch.nn.functional.silu,
         bias_dropout_fusion=False,
+        # micro-batches of any shape (token-budget micro-batches): pipeline stages exchange each one's shape first;
+        # Megatron checks that the MoE token dispatcher allows it even without experts
+        variable_seq_lengths=True,
+        moe_token_dispatcher_type="alltoall",
     )
     if not torch.cuda.is_available():
         from verl.utils.megatron.cpu_layer import cpu_transformer_config_overrides

@@ -269,6 +269,13 @@ class MegatronEngine:
         )
         self._load_hf_weights(model, model_path)
         model.to(self.device)
+        self._unwrapped = model  # the GPTModel stage: its state dict is what the converter reads and writes
+        if self.dtype != torch.float32:
+            from megatron.core.transformer.module import Float16Module
+
+            # Megatron's mixed precision: bf16/fp16 parameters and activations, fp32 logits out of the last stage
+            # (the optimizer keeps fp32 main copies of the parameters)
+            model = Float16Module(self.transformer_config, model)
         self.optimizer = None
         self.lr_scheduler = None  # the schedule is the engine's own (lr_scheduler_step); no torch scheduler object
         self._lr_lambda: Callable[[int], float] | None = None
@@ -286,7 +293,6 @@ class MegatronEngine:
             # fp16's loss scale multiplies each micro-batch's loss
             self.transformer_config.finalize_model_grads_func = finalize_model_grads
             self.transformer_config.grad_scale_func = self.optimizer.scale_loss
-        self._unwrapped = model
 
     # ------------------------------------------------------------------ building
     def _load_hf_weights(self, model: torch.nn.Module, model_path: str) -> None:
@@ -401,14 +407,9 @@ class MegatronEngine:
 
             return output, loss
 
-        seq = max(int(m["input_ids"].shape[1]) for m in micro_batches)
-        seq = -(-seq // multiple) * multiple
+        # with variable_seq_lengths the stages exchange each micro-batch's shape: these two only size the first
+        seq = -(-max(int(m["input_ids"].shape[1]) for m in micro_batches) // multiple) * multiple
         bs = max(int(m["input_ids"].shape[0]) for m in micro_batches)
-        if self.pp_size > 1 and any(tuple(m["input_ids"].shape) != (bs, seq) for m in micro_batches):
-            raise ValueError(
-                "megatron engine: with pipeline stages every micro-batch needs the same (batch, sequence) shape: "
-                "the stages exchange activations of one fixed shape"
-            )
         context = torch.no_grad() if forward_only else contextlib.nullcontext()
         with context:
             results = get_forward_backward_func()(
