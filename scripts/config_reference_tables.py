@@ -253,9 +253,11 @@ DIFFERENCES: dict[str, str] = {
     "that is not a folder is a validation error; a hub id such as `Qwen/Qwen2.5-0.5B` is left to the loader.",
     "reward_model.model.input_tokenizer": "veRL re-applies the reward model's chat template when it is set (its "
     "default); here the reward model scores the policy's token ids as they are.",
-    "actor_rollout_ref.actor.strategy": "`fsdp` and `fsdp2` both select the FSDP2 engine; `megatron` is not available.",
+    "actor_rollout_ref.actor.strategy": "`fsdp` and `fsdp2` both select the FSDP2 engine; `megatron` comes with "
+    "`model_engine=megatron` ([megatron.md](megatron.md)).",
     "actor_rollout_ref.ref.strategy": "`fsdp` and `fsdp2` both select the FSDP2 engine.",
-    "critic.strategy": "`fsdp` and `fsdp2` both select the FSDP2 engine; `megatron` is not available.",
+    "critic.strategy": "`fsdp` and `fsdp2` both select the FSDP2 engine; `megatron` comes with "
+    "`model_engine=megatron` ([megatron.md](megatron.md)).",
     "actor_rollout_ref.actor.ppo_micro_batch_size": "setting it is an error here; use `ppo_micro_batch_size_per_gpu`.",
     "critic.ppo_micro_batch_size": "setting it is an error here; use `ppo_micro_batch_size_per_gpu`.",
     "critic.forward_micro_batch_size": "setting it is an error here; use `forward_micro_batch_size_per_gpu`.",
@@ -359,7 +361,8 @@ DESCRIPTIONS |= {
     "(age L + 1) must not pass it (checked at start-up).",
     "trainer.v1.sampler.max_off_policy_strategy": "`drop` or `wait` for a group past the threshold; under the fixed "
     "lag none gets there, so both act alike.",
-    "model_engine": "Training engine of the roles: `dp` (FSDP). `megatron` is not built yet (refused).",
+    "model_engine": "Training engine of the roles (a config group: it picks the `${model_engine}_actor` / `_ref` / "
+    "`_critic` files): `dp` (FSDP) or `megatron` (Megatron-Core, [megatron.md](megatron.md)).",
     "distillation.enabled": "On-policy distillation from teacher models ([distillation.md](distillation.md)).",
 }
 _SWITCH = "trainer.v1.separate_async.hybrid_rollout"

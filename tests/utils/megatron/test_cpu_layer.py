@@ -21,8 +21,7 @@ pytest.importorskip("megatron.core")
 
 import torch.multiprocessing as mp  # noqa: E402
 
-from tests.dist_utils import file_init_method  # noqa: E402
-from verl.utils.distributed import destroy_global_process_group, initialize_global_process_group  # noqa: E402
+from tests.dist_utils import _entry, file_init_method  # noqa: E402
 
 SEQ, MICRO_BATCH, NUM_MICROBATCHES, VOCAB, NUM_LAYERS = 16, 2, 2, 256, 4
 LR, CLIP = 1e-3, 1.0
@@ -266,16 +265,6 @@ def _worker(rank: int, layouts: list[dict], tied: bool, out_dir: str) -> None:
         results[layout["name"]] = _run_layout(full, layout["tp"], layout["pp"], layout["sp"], tied, layout["dist_opt"])
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(results, f)
-
-
-def _entry(rank: int, world: int, init_method: str, fn: Any, args: tuple) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    initialize_global_process_group(timeout_second=120, init_method=init_method)
-    try:
-        fn(rank, *args)
-    finally:
-        destroy_global_process_group()
 
 
 # ---------------------------------------------------------------- test side

@@ -16,7 +16,8 @@ Megatron's ``GPTModel`` with the local layer spec names its parameters::
 with G query groups (HF ``num_key_value_heads``), q = N/G query heads per group, d the head size, F the MLP width;
 ``i`` counts the layers of this pipeline stage (stage s holds layers s·L/pp … (s+1)·L/pp − 1). A value model's
 ``output_layer`` is its value head, weight (1, H) and bias (1,), HF ``score.*``, not split. With tied embeddings and
-several stages the last stage holds a copy of the embedding, which :func:`mcore_to_hf` does not yield twice.
+several stages the last stage's ``output_layer.weight`` is a copy of the embedding, which :func:`mcore_to_hf` does
+not yield twice.
 
 :func:`hf_to_mcore` cuts a rank's shard out of the HF tensors; :func:`mcore_to_hf` puts the full HF tensors back
 together from every tensor-parallel rank's shard of one stage. Both are exact (no arithmetic, only slicing).
@@ -42,7 +43,7 @@ class McoreLayout:
         tp_size, pp_size: the tensor and pipeline parallel sizes.
         qkv_bias: q, k and v carry a bias (Qwen2).
         tie_word_embeddings: the output layer is the embedding (HF ``tie_word_embeddings``; with pipeline stages the
-            last one holds a copy of the embedding, kept equal by Megatron).
+            last one's output layer holds a copy of the embedding, kept equal by Megatron).
         value_model: the output layer is a value head (HF ``score.weight``), not the LM head.
     """
 
@@ -127,7 +128,7 @@ def hf_to_mcore(
     tp = layout.tp_size
     first, last = pp_rank == 0, pp_rank == layout.pp_size - 1
     out: dict[str, torch.Tensor] = {}
-    if first or (last and layout.tie_word_embeddings and not layout.value_model):
+    if first:
         out["embedding.word_embeddings.weight"] = _split(get("model.embed_tokens.weight"), 0, tp, tp_rank)
     for local, index in enumerate(stage_layers(layout, pp_rank)):
         hf, mc = f"model.layers.{index}.", f"decoder.layers.{local}."
@@ -149,6 +150,8 @@ def hf_to_mcore(
             out["output_layer.weight"], out["output_layer.bias"] = get("score.weight"), get("score.bias")
         elif not layout.tie_word_embeddings:
             out["output_layer.weight"] = _split(get("lm_head.weight"), 0, tp, tp_rank)
+        elif not first:  # tied, over several stages: the last stage's output layer holds a copy of the embedding
+            out["output_layer.weight"] = _split(get("model.embed_tokens.weight"), 0, tp, tp_rank)
     return out
 
 

@@ -72,6 +72,19 @@ def _fsdp(prefix: str) -> tuple[Unread, ...]:
     )
 
 
+_MBRIDGE = "HF weights are converted by verl.models.mcore (the Qwen2 / Llama families), never by mbridge"
+
+
+def _megatron(prefix: str) -> tuple[Unread, ...]:
+    """The keys of one Megatron engine block (``model_engine=megatron``) that the Megatron engine does not read."""
+    return (
+        Unread(f"{prefix}.use_mbridge", "warn", _MBRIDGE),
+        Unread(f"{prefix}.vanilla_mbridge", "warn", _MBRIDGE),
+        Unread(f"{prefix}.dist_checkpointing_path", "warn", "models load from their HF folder"),
+        Unread(f"{prefix}.dist_checkpointing_prefix", "warn", "models load from their HF folder"),
+    )
+
+
 # roles whose workers profile with their own ``profiler`` (enable / all_ranks / ranks / save_path are acted on)
 _ROLE_PROFILERS = ("actor_rollout_ref.actor", "critic", "reward_model")
 
@@ -122,6 +135,11 @@ UNREAD: tuple[Unread, ...] = (
     Unread("actor_rollout_ref.ref.ulysses_sequence_parallel_size", "error", _SP),
     Unread("actor_rollout_ref.ref.use_torch_compile", "warn", _COMPILE),
     *_fsdp("actor_rollout_ref.ref.fsdp_config"),
+    *(
+        block
+        for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
+        for block in _megatron(f"{role}.megatron")
+    ),
     # actor_rollout_ref.rollout
     *(
         Unread(f"{_ROLLOUT}.{name}", "warn", _HF_ONLY, engine="hf")

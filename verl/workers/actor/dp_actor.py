@@ -36,7 +36,14 @@ from verl.workers.config.actor import ActorConfig, RefConfig
 from verl.workers.config.distillation import DistillationConfig
 from verl.workers.engine.base import TrainingEngine, as_engine
 
-__all__ = ["DataParallelPPOActor", "ForwardOutputs", "global_counts", "resolve_actor_config", "split_micro_batches"]
+__all__ = [
+    "DataParallelPPOActor",
+    "ForwardOutputs",
+    "UpdateStep",
+    "global_counts",
+    "resolve_actor_config",
+    "split_micro_batches",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +94,19 @@ def split_micro_batches(
     return data.split(int(micro_batch_size)), None
 
 
+def inference_micro_batches(data: DataProto) -> tuple[list[DataProto], list[list[int]] | None]:
+    """The micro-batches of a no-grad pass (log-probs, values) over ``data``'s model inputs, as its ``meta_info``
+    asks: ``micro_batch_size`` rows each (default: the whole batch), or with ``use_dynamic_bsz`` at most
+    ``max_token_len`` tokens each; see :func:`split_micro_batches`."""
+    meta = data.meta_info
+    return split_micro_batches(
+        data.select(batch_keys=["responses", "input_ids", "attention_mask", "position_ids"]),
+        meta.get("micro_batch_size") or len(data),
+        bool(meta.get("use_dynamic_bsz", False)),
+        meta.get("max_token_len"),
+    )
+
+
 def resolve_actor_config(config: Any) -> ActorConfig | RefConfig:
     """The typed config of an actor built from ``config``: an ``ActorConfig`` / ``RefConfig`` as it is; a mapping
     with a ``_target_`` (a recipe's ``ActorConfig`` subclass, e.g. SPPO's with ``sppo_eta``) as that class; any
@@ -124,6 +144,19 @@ def fold_micro_sums(sums: dict[str, float], micro: dict[str, float]) -> None:
             sums[key] = max(sums.get(key, float("-inf")), value)
         else:
             sums[key] = sums.get(key, 0.0) + value
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateStep:
+    """What every micro-batch of one mini-batch's update shares: the sampling temperature, whether the entropy is
+    computed, whether the update is on-policy, the loss config (with the mini-batch's global counts) and this rank's
+    token count in the mini-batch."""
+
+    temperature: float
+    calculate_entropy: bool
+    on_policy: bool
+    loss_config: Any
+    local_tokens: float
 
 
 class ForwardOutputs(tuple):
@@ -324,13 +357,7 @@ class DataParallelPPOActor:
         """
         meta = data.meta_info
         temperature = float(meta.get("temperature", 1.0))
-        keys = ["responses", "input_ids", "attention_mask", "position_ids"]
-        micro_batches, order = split_micro_batches(
-            data.select(batch_keys=keys),
-            meta.get("micro_batch_size") or len(data),
-            bool(meta.get("use_dynamic_bsz", False)),
-            meta.get("max_token_len"),
-        )
+        micro_batches, order = inference_micro_batches(data)
         parts: dict[str, list[torch.Tensor]] = defaultdict(list)
         with self.engine.eval_mode():  # eval, no grad; FSDP2 frees the gathered parameters after
             for micro in micro_batches:
@@ -367,29 +394,19 @@ class DataParallelPPOActor:
         calculate_entropy = cfg.entropy_coeff != 0 or cfg.calculate_entropy
 
         metrics: dict[str, list[float]] = defaultdict(list)
-        recorded: dict[str, list[torch.Tensor]] = defaultdict(list)
         self.actor_module.train()
         for mini_batch, batch_info, local_tokens in iter_mini_batches(data, cfg, mini_size):
-            loss_config = dataclasses.replace(cfg, global_batch_info=batch_info)
-            sums: dict[str, float] = defaultdict(float)
             micro_batches, order = split_micro_batches(
                 mini_batch, micro_size, cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu
             )
-            backward_ran, skipped = False, 0
-            for index, micro in enumerate(micro_batches):
-                must_backward = index == len(micro_batches) - 1 and not backward_ran
-                forward, has_graph, n_skipped = self._forward_for_update(
-                    micro, temperature, calculate_entropy, on_policy, must_backward
-                )
-                skipped += n_skipped
-                if on_policy:
-                    recorded["old_log_probs"].append(forward["log_probs"].detach())
-                    recorded["entropys"].append(forward["entropys"].detach())
-                loss, micro_sums = self._micro_batch_loss(forward, micro, loss_config, on_policy, local_tokens)
-                if has_graph:
-                    loss.backward()
-                    backward_ran = True
-                fold_micro_sums(sums, micro_sums)
+            step = UpdateStep(
+                temperature,
+                calculate_entropy,
+                on_policy,
+                dataclasses.replace(cfg, global_batch_info=batch_info),
+                local_tokens,
+            )
+            sums, skipped, recorded = self._update_mini_batch(micro_batches, step)
             grad_norm = self.engine.clip_grad_norm_and_step(cfg.grad_clip)
             for key, value in sums.items():
                 metrics[key].append(value)
@@ -404,6 +421,31 @@ class DataParallelPPOActor:
                     for key, values in recorded.items()
                 }
         return dict(metrics)
+
+    def _update_mini_batch(
+        self, micro_batches: list[DataProto], step: UpdateStep
+    ) -> tuple[dict[str, float], int, dict[str, list[torch.Tensor]]]:
+        """Forward and backward of one mini-batch's micro-batches (the gradients accumulate; the caller steps).
+        Returns the mini-batch's metric sums, how many rows skipped the gradient pass, and, on-policy, the
+        micro-batches' log-probs and entropys (``old_log_probs`` / ``entropys``)."""
+        sums: dict[str, float] = {}
+        recorded: dict[str, list[torch.Tensor]] = defaultdict(list)
+        backward_ran, skipped = False, 0
+        for index, micro in enumerate(micro_batches):
+            must_backward = index == len(micro_batches) - 1 and not backward_ran
+            forward, has_graph, n_skipped = self._forward_for_update(
+                micro, step.temperature, step.calculate_entropy, step.on_policy, must_backward
+            )
+            skipped += n_skipped
+            if step.on_policy:
+                recorded["old_log_probs"].append(forward["log_probs"].detach())
+                recorded["entropys"].append(forward["entropys"].detach())
+            loss, micro_sums = self._micro_batch_loss(forward, micro, step)
+            if has_graph:
+                loss.backward()
+                backward_ran = True
+            fold_micro_sums(sums, micro_sums)
+        return sums, skipped, recorded
 
     def _update_batch(self, data: DataProto, on_policy: bool) -> DataProto:
         """The keys of ``data`` the update reads (an error naming the missing ones); on-policy updates checked."""
@@ -429,17 +471,16 @@ class DataParallelPPOActor:
         return data.select(batch_keys=keys)
 
     def _micro_batch_loss(
-        self, forward: dict[str, torch.Tensor], micro: Any, loss_config: Any, on_policy: bool, local_tokens: float
+        self, forward: dict[str, torch.Tensor], micro: Any, step: UpdateStep
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """The update's loss of one micro-batch from its forward outputs (its share of the mini-batch's loss: policy
         loss, entropy bonus, KL loss, distillation term) and its metric contributions, which
-        :func:`fold_micro_sums` adds into the mini-batch's (``local_tokens``: this rank's tokens in the
-        mini-batch)."""
-        cfg = self.config
+        :func:`fold_micro_sums` adds into the mini-batch's."""
+        cfg, loss_config, on_policy = self.config, step.loss_config, step.on_policy
         mb = micro.batch if isinstance(micro, DataProto) else micro
         batch_info = loss_config.global_batch_info
         mask = mb["response_mask"]
-        share = float(mask.sum()) / local_tokens
+        share = float(mask.sum()) / step.local_tokens
         log_prob = forward["log_probs"]
         old_log_prob = log_prob.detach() if on_policy else mb["old_log_probs"]
         pg_loss, pg_metrics = call_with_accepted_kwargs(  # a user's loss gets what it declares

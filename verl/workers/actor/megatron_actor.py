@@ -12,7 +12,6 @@ batches (``use_remove_padding`` changes nothing here: Megatron's local attention
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 from collections import defaultdict
@@ -22,11 +21,25 @@ import torch
 
 from verl.protocol import DataProto
 from verl.utils.seqlen_balancing import restore_order
-from verl.workers.actor.dp_actor import DataParallelPPOActor, fold_micro_sums, iter_mini_batches, split_micro_batches
+from verl.workers.actor.dp_actor import (
+    DataParallelPPOActor,
+    UpdateStep,
+    fold_micro_sums,
+    inference_micro_batches,
+)
 
-__all__ = ["MegatronPPOActor"]
+__all__ = ["MegatronPPOActor", "warn_padded_batches"]
 
 logger = logging.getLogger(__name__)
+
+
+def warn_padded_batches(role: str) -> None:
+    """Say at start-up that ``use_remove_padding`` does nothing on the Megatron engine."""
+    logger.warning(
+        "%s: use_remove_padding=true has no effect on the Megatron engine here: Megatron's local attention takes "
+        "padded batches, not packed sequences (same results; packing needs Transformer Engine on a GPU)",
+        role,
+    )
 
 
 def _response_logits(logits: torch.Tensor, batch: Any) -> torch.Tensor:
@@ -46,6 +59,8 @@ class MegatronPPOActor(DataParallelPPOActor):
         super().__init__(config, engine=engine, distillation=distillation)
         self.zero_adv_skip_reason = "the Megatron engine runs every micro-batch through its pipeline schedule"
         self._response_logits_only = False
+        if self.use_remove_padding:
+            warn_padded_batches("actor_rollout_ref.actor / ref")
 
     def _forward_outputs(self, micro_batch: Any, temperature: float, calculate_entropy: bool, **kwargs: Any) -> dict:
         raise NotImplementedError(
@@ -60,13 +75,7 @@ class MegatronPPOActor(DataParallelPPOActor):
         """As `DataParallelPPOActor.compute_log_prob_outputs`, through the pipeline schedule."""
         meta = data.meta_info
         temperature = float(meta.get("temperature", 1.0))
-        keys = ["responses", "input_ids", "attention_mask", "position_ids"]
-        micro_batches, order = split_micro_batches(
-            data.select(batch_keys=keys),
-            meta.get("micro_batch_size") or len(data),
-            bool(meta.get("use_dynamic_bsz", False)),
-            meta.get("max_token_len"),
-        )
+        micro_batches, order = inference_micro_batches(data)
 
         def outputs(logits: torch.Tensor, micro: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             out = self._response_outputs(
@@ -87,83 +96,37 @@ class MegatronPPOActor(DataParallelPPOActor):
         return {key: torch.cat(values) for key, values in parts.items()}
 
     def _update_loss(
-        self,
-        logits: torch.Tensor,
-        micro: Any,
-        *,
-        temperature: float,
-        calculate_entropy: bool,
-        pieces: bool,
-        loss_config: Any,
-        on_policy: bool,
-        local_tokens: float,
+        self, logits: torch.Tensor, micro: Any, *, step: UpdateStep
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         """One micro-batch's loss on the last stage, and what the update keeps of it (metric sums; on-policy, the
         log-probs and entropys that serve as the old ones)."""
         forward = self._response_outputs(
             _response_logits(logits, micro),
             micro,
-            temperature,
-            calculate_entropy or on_policy,
-            entropy_grad=calculate_entropy,
-            distillation_pieces=pieces,
+            step.temperature,
+            step.calculate_entropy or step.on_policy,
+            entropy_grad=step.calculate_entropy,
+            distillation_pieces=self.distillation is not None and self.distillation.use_topk,
         )
-        loss, sums = self._micro_batch_loss(forward, micro, loss_config, on_policy, local_tokens)
+        loss, sums = self._micro_batch_loss(forward, micro, step)
         kept: dict[str, Any] = {"sums": sums}
-        if on_policy:
+        if step.on_policy:
             kept.update(old_log_probs=forward["log_probs"].detach(), entropys=forward["entropys"].detach())
         return loss, kept
 
-    def update_policy(self, data: DataProto) -> dict[str, list[float]]:
-        """As `DataParallelPPOActor.update_policy` (the same losses and metrics), through the pipeline schedule."""
-        if self.actor_optimizer is None:
-            raise RuntimeError("update_policy needs an optimizer: this actor was built for inference only")
-        cfg = self.config
-        on_policy = bool(data.meta_info.get("old_log_prob_in_update", False))
-        self.on_policy_outputs = None
-        temperature = float(data.meta_info.get("temperature", 1.0))
-        mini_size = cfg.ppo_mini_batch_size_per_rank
-        micro_size = cfg.ppo_micro_batch_size_per_gpu or mini_size
-        data = self._update_batch(data, on_policy)
-        calculate_entropy = cfg.entropy_coeff != 0 or cfg.calculate_entropy
-        pieces = self.distillation is not None and self.distillation.use_topk
-
-        metrics: dict[str, list[float]] = defaultdict(list)
+    def _update_mini_batch(
+        self, micro_batches: list[DataProto], step: UpdateStep
+    ) -> tuple[dict[str, float], int, dict[str, list[torch.Tensor]]]:
+        """`DataParallelPPOActor._update_mini_batch` through the pipeline schedule (no row skips the gradient)."""
+        loss_fn = functools.partial(self._update_loss, step=step)
+        results = self.engine.share_from_last_stage(
+            self.engine.forward_backward([m.batch for m in micro_batches], loss_fn)
+        )
+        sums: dict[str, float] = {}
         recorded: dict[str, list[torch.Tensor]] = defaultdict(list)
-        self.actor_module.train()
-        for mini_batch, batch_info, local_tokens in iter_mini_batches(data, cfg, mini_size):
-            loss_config = dataclasses.replace(cfg, global_batch_info=batch_info)
-            micro_batches, order = split_micro_batches(
-                mini_batch, micro_size, cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu
-            )
-
-            loss_fn = functools.partial(
-                self._update_loss,
-                temperature=temperature,
-                calculate_entropy=calculate_entropy,
-                pieces=pieces,
-                loss_config=loss_config,
-                on_policy=on_policy,
-                local_tokens=local_tokens,
-            )
-            results = self.engine.share_from_last_stage(
-                self.engine.forward_backward([m.batch for m in micro_batches], loss_fn)
-            )
-            grad_norm = self.engine.clip_grad_norm_and_step(cfg.grad_clip)
-            sums: dict[str, float] = {}
-            for result in results:
-                fold_micro_sums(sums, result["sums"])
-                if on_policy:
-                    recorded["old_log_probs"].append(result["old_log_probs"])
-                    recorded["entropys"].append(result["entropys"])
-            for key, value in sums.items():
-                metrics[key].append(value)
-            metrics["actor/grad_norm"].append(grad_norm)
-            if cfg.use_kl_loss:
-                metrics["actor/kl_coef"].append(cfg.kl_loss_coef)
-            if on_policy:
-                self.on_policy_outputs = {
-                    key: restore_order(values, order) if order is not None else torch.cat(values)
-                    for key, values in recorded.items()
-                }
-        return dict(metrics)
+        for result in results:
+            fold_micro_sums(sums, result["sums"])
+            if step.on_policy:
+                recorded["old_log_probs"].append(result["old_log_probs"])
+                recorded["entropys"].append(result["entropys"])
+        return sums, 0, recorded

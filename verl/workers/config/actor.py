@@ -135,7 +135,8 @@ class ActorConfig(BaseConfig):
         global_batch_info: set by the actor per micro-batch: ``dp_size``, ``batch_num_tokens``,
             ``global_batch_size`` (and optionally ``loss_scale_factor``), passed to ``agg_loss`` so that the loss does
             not depend on how the batch is split over ranks and micro-batches. Users leave it empty.
-        strategy: training engine: "fsdp" or "fsdp2" (both select the FSDP2 engine).
+        strategy: training engine: "fsdp" or "fsdp2" (both select the FSDP2 engine); "megatron" in
+            ``McoreActorConfig`` (``model_engine=megatron``).
         ppo_mini_batch_size: prompts per optimizer step, over all ranks; each brings ``rollout_n`` samples, split
             over the data-parallel ranks.
         ppo_micro_batch_size: deprecated global micro-batch size.
@@ -277,7 +278,7 @@ class RefConfig(BaseConfig):
     """``actor_rollout_ref.ref``: the frozen reference policy (its engine is always forward-only).
 
     Args:
-        strategy: engine: "fsdp" or "fsdp2" (both select the FSDP2 engine).
+        strategy: engine: "fsdp" or "fsdp2" (both select the FSDP2 engine); "megatron" in ``McoreRefConfig``.
         log_prob_micro_batch_size: deprecated global micro-batch size.
         log_prob_micro_batch_size_per_gpu: samples per forward pass of ``compute_ref_log_prob`` on each rank;
             null: the rank's whole share at once.

@@ -67,7 +67,8 @@ class CriticConfig(BaseConfig):
 
     Args:
         enable: run a critic; null: only when ``algorithm.adv_estimator`` is "gae".
-        strategy: training engine: "fsdp" or "fsdp2" (both select the FSDP2 engine).
+        strategy: training engine: "fsdp" or "fsdp2" (both select the FSDP2 engine); "megatron" in
+            ``McoreCriticConfig`` (``model_engine=megatron``).
         optim: the optimizer and its learning-rate schedule.
         model: the value model.
         fsdp: how the value model is sharded, cast and offloaded (veRL 0.10's place; the older

@@ -20,7 +20,7 @@ from verl.protocol import DataProto
 from verl.utils.padding import forward_without_padding, pad_input
 from verl.utils.seqlen_balancing import restore_order
 from verl.utils.torch_functional import masked_mean
-from verl.workers.actor.dp_actor import iter_mini_batches, split_micro_batches
+from verl.workers.actor.dp_actor import inference_micro_batches, iter_mini_batches, split_micro_batches
 from verl.workers.config.critic import CriticConfig
 from verl.workers.engine.base import TrainingEngine, as_engine
 
@@ -89,14 +89,7 @@ class DataParallelPPOCritic:
         Reads ``meta_info``: ``micro_batch_size`` (default: the whole batch) and ``use_dynamic_bsz`` /
         ``max_token_len`` (token-budget micro-batches; rows come back in ``data``'s order).
         """
-        meta = data.meta_info
-        keys = ["responses", "input_ids", "attention_mask", "position_ids"]
-        micro_batches, order = split_micro_batches(
-            data.select(batch_keys=keys),
-            meta.get("micro_batch_size") or len(data),
-            bool(meta.get("use_dynamic_bsz", False)),
-            meta.get("max_token_len"),
-        )
+        micro_batches, order = inference_micro_batches(data)
         with self.engine.eval_mode():  # eval, no grad; FSDP2 frees the gathered parameters after
             outputs = [self._forward_micro_batch(m) for m in micro_batches]
         values = restore_order(outputs, order) if order is not None else torch.cat(outputs)
@@ -134,6 +127,21 @@ class DataParallelPPOCritic:
             raise KeyError(f"update_critic needs batch keys {missing}")
         return data.select(batch_keys=keys)
 
+    def _update_mini_batch(
+        self, micro_batches: list[DataProto], batch_info: dict[str, Any], local_tokens: float
+    ) -> dict[str, float]:
+        """Forward and backward of one mini-batch's micro-batches (the gradients accumulate; the caller steps);
+        the mini-batch's metric sums."""
+        sums: dict[str, float] = defaultdict(float)
+        for micro in micro_batches:
+            vf_loss, micro_sums = self._micro_batch_loss(
+                self._forward_micro_batch(micro), micro.batch, batch_info, local_tokens
+            )
+            vf_loss.backward()
+            for key, value in micro_sums.items():
+                sums[key] += value
+        return sums
+
     def update_critic(self, data: DataProto) -> dict[str, list[float]]:
         """``ppo_epochs`` passes of mini-batch updates of the clipped value loss. Returns ``critic/*`` metrics."""
         if self.critic_optimizer is None:
@@ -145,17 +153,10 @@ class DataParallelPPOCritic:
         metrics: dict[str, list[float]] = defaultdict(list)
         self.critic_module.train()
         for mini_batch, batch_info, local_tokens in iter_mini_batches(data, cfg, mini_size):
-            sums: dict[str, float] = defaultdict(float)
             micro_batches, _ = split_micro_batches(
                 mini_batch, micro_size, cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu
             )
-            for micro in micro_batches:
-                vf_loss, micro_sums = self._micro_batch_loss(
-                    self._forward_micro_batch(micro), micro.batch, batch_info, local_tokens
-                )
-                vf_loss.backward()
-                for key, value in micro_sums.items():
-                    sums[key] += value
+            sums = self._update_mini_batch(micro_batches, batch_info, local_tokens)
             grad_norm = self.engine.clip_grad_norm_and_step(cfg.grad_clip)
             for key, value in sums.items():
                 metrics[key].append(value)

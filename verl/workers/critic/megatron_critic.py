@@ -15,7 +15,8 @@ import torch
 
 from verl.protocol import DataProto
 from verl.utils.seqlen_balancing import restore_order
-from verl.workers.actor.dp_actor import iter_mini_batches, split_micro_batches
+from verl.workers.actor.dp_actor import inference_micro_batches
+from verl.workers.actor.megatron_actor import warn_padded_batches
 from verl.workers.critic.dp_critic import DataParallelPPOCritic, response_values
 
 __all__ = ["MegatronPPOCritic"]
@@ -29,6 +30,8 @@ class MegatronPPOCritic(DataParallelPPOCritic):
 
     def __init__(self, config: Any, *, engine: Any) -> None:
         super().__init__(config, engine=engine)
+        if self.use_remove_padding:
+            warn_padded_batches("critic")
 
     def _forward_micro_batch(self, micro_batch: DataProto) -> torch.Tensor:
         raise NotImplementedError(
@@ -39,14 +42,7 @@ class MegatronPPOCritic(DataParallelPPOCritic):
     @torch.no_grad()
     def compute_values(self, data: DataProto) -> torch.Tensor:
         """As `DataParallelPPOCritic.compute_values`, through the pipeline schedule."""
-        meta = data.meta_info
-        keys = ["responses", "input_ids", "attention_mask", "position_ids"]
-        micro_batches, order = split_micro_batches(
-            data.select(batch_keys=keys),
-            meta.get("micro_batch_size") or len(data),
-            bool(meta.get("use_dynamic_bsz", False)),
-            meta.get("max_token_len"),
-        )
+        micro_batches, order = inference_micro_batches(data)
 
         def values(output: torch.Tensor, micro: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             return output.new_zeros(()), {"values": response_values(output, micro["responses"].shape[1])}
@@ -65,31 +61,16 @@ class MegatronPPOCritic(DataParallelPPOCritic):
         vpreds = response_values(output, micro["responses"].shape[1])
         return self._micro_batch_loss(vpreds, micro, batch_info, local_tokens)
 
-    def update_critic(self, data: DataProto) -> dict[str, list[float]]:
-        """As `DataParallelPPOCritic.update_critic`, through the pipeline schedule."""
-        if self.critic_optimizer is None:
-            raise RuntimeError("update_critic needs an optimizer: this critic was built for inference only")
-        cfg = self.config
-        data = self._update_batch(data)
-        mini_size = cfg.ppo_mini_batch_size_per_rank
-        micro_size = cfg.ppo_micro_batch_size_per_gpu or mini_size
-        metrics: dict[str, list[float]] = defaultdict(list)
-        self.critic_module.train()
-        for mini_batch, batch_info, local_tokens in iter_mini_batches(data, cfg, mini_size):
-            micro_batches, _ = split_micro_batches(
-                mini_batch, micro_size, cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu
-            )
-
-            loss_fn = functools.partial(self._update_loss, batch_info=batch_info, local_tokens=local_tokens)
-            results = self.engine.share_from_last_stage(
-                self.engine.forward_backward([m.batch for m in micro_batches], loss_fn)
-            )
-            grad_norm = self.engine.clip_grad_norm_and_step(cfg.grad_clip)
-            sums: dict[str, float] = defaultdict(float)
-            for result in results:
-                for key, value in result.items():
-                    sums[key] += value
-            for key, value in sums.items():
-                metrics[key].append(value)
-            metrics["critic/grad_norm"].append(grad_norm)
-        return dict(metrics)
+    def _update_mini_batch(
+        self, micro_batches: list[DataProto], batch_info: dict[str, Any], local_tokens: float
+    ) -> dict[str, float]:
+        """`DataParallelPPOCritic._update_mini_batch` through the pipeline schedule."""
+        loss_fn = functools.partial(self._update_loss, batch_info=batch_info, local_tokens=local_tokens)
+        results = self.engine.share_from_last_stage(
+            self.engine.forward_backward([m.batch for m in micro_batches], loss_fn)
+        )
+        sums: dict[str, float] = defaultdict(float)
+        for result in results:
+            for key, value in result.items():
+                sums[key] += value
+        return sums

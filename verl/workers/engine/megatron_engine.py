@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import os
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -43,6 +44,11 @@ from verl.workers.engine.registry import register_engine
 __all__ = ["MegatronEngine", "megatron_rank_layout"]
 
 logger = logging.getLogger(__name__)
+
+# megatron-core warns on import that Transformer Engine / Apex are missing, and about a CUDA-graph default: this
+# engine builds Megatron's local layer spec, which uses neither, and captures no CUDA graphs
+for _message in (r".*(Transformer Engine|Apex).* not installed.*", r"full scope is deprecated.*"):
+    warnings.filterwarnings("ignore", message=_message, category=UserWarning)
 
 LossFn = Callable[[torch.Tensor, Any], tuple[torch.Tensor, dict[str, Any]]]
 
