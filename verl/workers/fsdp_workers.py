@@ -306,6 +306,11 @@ class ActorRolloutRefWorker(RolloutServing, RemoteRolloutWeights, fsdp_legacy.Le
     def _snapshots(self, call: str) -> ParameterSnapshots:
         if not self._is_actor:
             raise RuntimeError(f"{call} on a worker of role {self.role!r}, which has no actor")
+        if getattr(self.actor_engine, "keeps_main_params", False):
+            raise NotImplementedError(
+                f"{call}: the actor's Megatron engine steps fp32 main copies of its {self.actor_engine.dtype} "
+                "parameters, which a parameter snapshot does not hold; use megatron.dtype=float32 for π_old copies"
+            )
         if getattr(self, "_actor_snapshots", None) is None:  # made on first use: a recipe's init_model may build
             self._actor_snapshots = ParameterSnapshots(self.actor_engine.module)
         return self._actor_snapshots

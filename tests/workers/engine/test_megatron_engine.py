@@ -2,14 +2,14 @@
 
 One spawn of 4 ranks runs, on the same tiny Qwen2 weights and the same 8-sequence batch (left-padded, ragged):
 the FSDP engine (dp 4), then the Megatron engine at tp1 (dp 4), tp2 (dp 2), pp2 (dp 2, 1F1B over 2 micro-batches
-of different shapes) and tp2 × pp2 with sequence parallelism (dp 1). Each computes the batch's mean next-token
-cross-entropy through its schedule, steps SGD once, and reports the loss, the gradient norm and the updated weights
-(gathered as HF tensors). All agree within 1e-5 (the tp1 run is bf16: within bf16's precision). The tp1 run (bf16,
-with the distributed optimizer) and the tp2 × pp2 run also save a checkpoint (with the HF weights), step twice, load
-the checkpoint and step twice again: the steps agree bit for bit; the saved HF folder holds the trained weights. A
-critic engine (a value head on the backbone) at tp2 × pp2 gives the values of transformers' token-classification
-model. Nothing is faked: this is megatron-core with `verl.utils.megatron.cpu_layer`, the CPU stand-in for its CUDA
-spots.
+of different shapes), tp2 × pp2 with sequence parallelism (dp 1), and tp1 in bf16. Each computes the batch's mean
+next-token cross-entropy through its schedule, steps once, and reports the loss, the gradient norm and the updated
+weights (gathered as HF tensors). Every fp32 layout agrees with the FSDP engine and with Megatron's tp1 within 1e-5
+(bf16: within its precision). The bf16 run (with the distributed optimizer) and the tp2 × pp2 run also save a
+checkpoint (with the HF weights), step twice, load the checkpoint and step twice again: the steps agree bit for bit;
+the saved HF folder holds the trained weights. A critic engine (a value head on the backbone) at tp2 × pp2 gives the
+values of transformers' token-classification model. Nothing is faked: this is megatron-core with
+`verl.utils.megatron.cpu_layer`, the CPU stand-in for its CUDA spots.
 """
 
 from __future__ import annotations
@@ -25,9 +25,15 @@ pytest.importorskip("megatron.core")
 
 from tests.dist_utils import spawn_gloo  # noqa: E402
 
-# (tp, pp, sequence_parallel); tp1 (dp 4) in bf16 with the distributed optimizer, which shards its state (Adam's,
-# and the fp32 main copies of the bf16 parameters) over the dp ranks
-LAYOUTS = [(1, 1, False), (2, 1, False), (1, 2, False), (2, 2, True)]
+# name: (tp, pp, sequence_parallel, dtype). "bf16" (dp 4) runs with the distributed optimizer, which shards its state
+# (Adam's, and the fp32 main copies of the bf16 parameters) over the dp ranks; the others step SGD
+LAYOUTS = {
+    "tp1pp1": (1, 1, False, "float32"),
+    "tp2pp1": (2, 1, False, "float32"),
+    "tp1pp2": (1, 2, False, "float32"),
+    "tp2pp2": (2, 2, True, "float32"),
+    "bf16": (1, 1, False, "bfloat16"),
+}
 OPTIM = {"optimizer": "sgd", "lr": 0.1, "weight_decay": 0.0, "clip_grad": 1.0, "lr_warmup_steps": 0}
 
 
@@ -130,7 +136,7 @@ def _megatron_step(engine, batch: dict, micro: int) -> tuple[float, float]:
     return float(summed) / engine.dp_size, norm
 
 
-def _megatron_run(model_dir: str, tp: int, pp: int, sp: bool, ckpt: str | None) -> dict:
+def _megatron_run(model_dir: str, tp: int, pp: int, sp: bool, dtype: str, ckpt: str | None) -> dict:
     from megatron.core import parallel_state as mpu
 
     from verl.workers.engine.megatron_engine import MegatronEngine
@@ -139,11 +145,12 @@ def _megatron_run(model_dir: str, tp: int, pp: int, sp: bool, ckpt: str | None) 
         "tensor_model_parallel_size": tp,
         "pipeline_model_parallel_size": pp,
         "sequence_parallel": sp,
-        "dtype": "bfloat16" if tp * pp == 1 else "float32",
-        "use_distributed_optimizer": tp * pp == 1,
+        "dtype": dtype,
+        "use_distributed_optimizer": dtype == "bfloat16",
     }
     # Megatron's distributed optimizer is Adam only: that run's weights after the step are not compared to SGD's
-    engine = MegatronEngine(model_dir, config, {**OPTIM, "optimizer": "adam", "lr": 1e-3} if tp * pp == 1 else OPTIM)
+    adam = {**OPTIM, "optimizer": "adam", "lr": 1e-3}
+    engine = MegatronEngine(model_dir, config, adam if dtype == "bfloat16" else OPTIM)
     batch = _batch()
     initial = {name: t.clone() for name, t in engine.iter_hf_state_dict()}
     loss, norm = _megatron_step(engine, batch, micro=2)
@@ -178,9 +185,9 @@ def _ranks(rank: int, model_dir: str, result_dir: str) -> None:
     if values is not None:
         torch.save(values, os.path.join(result_dir, "values.pt"))
     runs = {"fsdp": _fsdp_run(model_dir)}
-    for tp, pp, sp in LAYOUTS:
-        ckpt = os.path.join(result_dir, f"ckpt_tp{tp}pp{pp}") if tp == pp else None
-        runs[f"tp{tp}pp{pp}"] = _megatron_run(model_dir, tp, pp, sp, ckpt)
+    for name, (tp, pp, sp, dtype) in LAYOUTS.items():
+        ckpt = os.path.join(result_dir, f"ckpt_{name}") if name in ("bf16", "tp2pp2") else None
+        runs[name] = _megatron_run(model_dir, tp, pp, sp, dtype, ckpt)
     if rank == 0:
         torch.save(runs, os.path.join(result_dir, "runs.pt"))
 
@@ -194,11 +201,11 @@ def test_megatron_layouts_match_each_other_and_fsdp(tmp_path):
     spawn_gloo(_ranks, 4, model_dir, str(tmp_path))
     runs = torch.load(tmp_path / "runs.pt", weights_only=False)
     hf = load_file(os.path.join(model_dir, "model.safetensors"))
-    reference = runs["fsdp"]
+    reference, tp1 = runs["fsdp"], runs["tp1pp1"]
     for name, run in runs.items():
         if name == "fsdp":
             continue
-        if name == "tp1pp1":  # bf16: the weights it loaded, cast; loss and gradient norm within bf16's precision
+        if name == "bf16":  # bf16: the weights it loaded, cast; loss and gradient norm within bf16's precision
             assert all(torch.equal(run["initial"][k], t.to(torch.bfloat16)) for k, t in hf.items())
             assert run["loss"] == pytest.approx(reference["loss"], rel=1e-3)
             assert run["grad_norm"] == pytest.approx(reference["grad_norm"], rel=1e-2)
@@ -207,10 +214,11 @@ def test_megatron_layouts_match_each_other_and_fsdp(tmp_path):
         assert set(run["initial"]) == set(hf), name
         for key, tensor in hf.items():
             assert torch.equal(run["initial"][key], tensor), (name, key)
-        assert run["loss"] == pytest.approx(reference["loss"], abs=1e-5), name
-        assert run["grad_norm"] == pytest.approx(reference["grad_norm"], abs=1e-5), name
-        for key, tensor in reference["state"].items():
-            torch.testing.assert_close(run["state"][key], tensor, atol=1e-5, rtol=0, msg=f"{name} {key}")
+        for other in (reference, tp1):  # the FSDP engine and the Megatron engine at tp1
+            assert run["loss"] == pytest.approx(other["loss"], abs=1e-5), name
+            assert run["grad_norm"] == pytest.approx(other["grad_norm"], abs=1e-5), name
+            for key, tensor in other["state"].items():
+                torch.testing.assert_close(run["state"][key], tensor, atol=1e-5, rtol=0, msg=f"{name} {key}")
     assert reference["grad_norm"] > 1.0  # the clip at 1.0 acted
     # the critic's value head on the split backbone: transformers' token-classification model's values
     from transformers import AutoModelForTokenClassification
@@ -221,7 +229,7 @@ def test_megatron_layouts_match_each_other_and_fsdp(tmp_path):
         expected = critic(**batch).logits
     values, valid = torch.load(tmp_path / "values.pt"), batch["attention_mask"].bool()
     torch.testing.assert_close(values[valid], expected[valid], atol=1e-5, rtol=0)
-    for name in ("tp1pp1", "tp2pp2"):
+    for name in ("bf16", "tp2pp2"):
         run = runs[name]
         assert run["resumed"] == run["second"], name  # bit-exact resume
         assert run["second"][1][0] < run["second"][0][0] < run["loss"], name

@@ -283,6 +283,9 @@ class MegatronEngine:
             # (the optimizer keeps fp32 main copies of the parameters)
             model = Float16Module(self.transformer_config, model)
         self.optimizer = None
+        # the optimizer steps fp32 main copies of bf16 / fp16 parameters: writing the parameters alone (a snapshot
+        # restored) would be undone by the next step
+        self.keeps_main_params = self.dtype != torch.float32 and not self.forward_only
         self.lr_scheduler = None  # the schedule is the engine's own (lr_scheduler_step); no torch scheduler object
         self._lr_lambda: Callable[[int], float] | None = None
         self._lr_step = 0
