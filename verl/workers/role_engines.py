@@ -27,7 +27,7 @@ def data_parallel_layout(section: Any, rank: int, world_size: int) -> tuple[int,
     ``strategy`` and, for Megatron, ``megatron``) is given."""
     if section is None or section.get("strategy", "fsdp") != "megatron":
         return rank, True, world_size
-    from verl.workers.engine.megatron_engine import megatron_rank_layout
+    from verl.workers.engine.megatron_setup import megatron_rank_layout
 
     block = section.get("megatron") or {}
     tp = int(block.get("tensor_model_parallel_size", 1) or 1)

@@ -13,6 +13,7 @@ from tests.trainer.config.test_validate import VALID
 from verl.trainer.config import unread
 from verl.trainer.config.validate import ConfigError, base_config, merged, validate_config
 
+MEGATRON_ROLES = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
 # Values away from the default for leaves whose default (null, a string, a list, a mapping) suggests none.
 AWAY: dict[str, Any] = {
     **{
@@ -65,6 +66,8 @@ AWAY: dict[str, Any] = {
     "ray_kwargs.timeline_json_file": "/tmp/timeline.json",
     "actor_rollout_ref.ref.model": {"path": "/tmp/ref_model"},
     "global_profiler.global_tool_config.nsys.discrete": True,
+    **{f"{role}.megatron.dist_checkpointing_path": "/tmp/dist_ckpt" for role in MEGATRON_ROLES},
+    **{f"{role}.megatron.dist_checkpointing_prefix": "model." for role in MEGATRON_ROLES},
 }
 
 
@@ -72,7 +75,7 @@ def away(leaf: str) -> Any:
     """A value of the right type that differs from ``leaf``'s default."""
     if leaf in AWAY:
         return AWAY[leaf]
-    default = OmegaConf.select(BASE, leaf)
+    default = OmegaConf.select(_base(leaf), leaf)
     if isinstance(default, bool):
         return not default
     if isinstance(default, int):
@@ -84,6 +87,15 @@ def away(leaf: str) -> Any:
 
 ENTRIES = list(unread.UNREAD)
 BASE = base_config()
+MEGATRON = base_config(["model_engine=megatron"])  # the Megatron roles' engine blocks live in this config only
+
+
+def _megatron(key: str) -> bool:
+    return ".megatron." in key
+
+
+def _base(key: str):
+    return MEGATRON if _megatron(key) else BASE
 
 
 def test_the_table_is_well_formed():
@@ -91,7 +103,9 @@ def test_the_table_is_well_formed():
     assert len(keys) == len(set(keys)), "a key is listed twice"
     assert all(e.consequence in ("warn", "error") and e.why for e in ENTRIES)
     assert {e.consequence for e in ENTRIES} == {"warn", "error"}
-    assert all(unread.leaves_of(e, BASE) for e in ENTRIES), "an entry judges no leaf (a more specific one covers all)"
+    assert all(unread.leaves_of(e, _base(e.key)) for e in ENTRIES), (
+        "an entry judges no leaf (a more specific one covers all)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -124,9 +138,9 @@ def test_keys_acted_on_are_not_in_the_table(key):
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=[e.key for e in ENTRIES])
 def test_every_unread_key_warns_or_is_refused_when_set(entry, caplog):
-    leaf = unread.leaves_of(entry, BASE)[0]
+    leaf = unread.leaves_of(entry, _base(entry.key))[0]
     value = away(leaf)
-    config = merged(VALID)
+    config = merged([*VALID, "model_engine=megatron"] if _megatron(entry.key) else VALID)
     if entry.engine:
         OmegaConf.update(config, "actor_rollout_ref.rollout.name", entry.engine)
     OmegaConf.update(config, leaf, value, merge=False)

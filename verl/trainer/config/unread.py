@@ -312,6 +312,8 @@ NAME_USED_ELSEWHERE: frozenset[str] = frozenset(
         "actor_rollout_ref.actor.optim.clip_grad",  # the engine's default max_norm; the workers pass grad_clip
         "critic.optim.clip_grad",
         f"{_ROLLOUT}.calculate_log_probs",
+        # the Megatron engine's own megatron.pipeline_model_parallel_size; the rollout's pipeline size stays unread
+        f"{_ROLLOUT}.pipeline_model_parallel_size",
         "reward_model.strategy",
         "reward_model.micro_batch_size",
         "reward_model.use_dynamic_bsz",

@@ -39,6 +39,7 @@ from verl.trainer.config.schema import PLUS_KEYS, extend_schema, running_schema
 from verl.trainer.config.unread import is_away, report_unread
 from verl.trainer.config.validate_async import check_async_training
 from verl.trainer.config.validate_distillation import check_distillation
+from verl.trainer.config.validate_engine import check_model_engine, role_dp_size
 from verl.trainer.config.validate_lora import check_lora
 from verl.trainer.config.validate_reward import check_reward
 from verl.trainer.config.validate_v1 import check_v1_trainer
@@ -187,40 +188,11 @@ def _sizes(config: Any, problems: list[str]) -> None:
             problems.append("critic.ppo_micro_batch_size_per_gpu is required (the critic runs: adv_estimator=gae)")
 
 
-def _dp(section: Any, workers: int) -> int:
-    """The data-parallel size of a role over ``workers`` ranks (a Megatron role's tensor and pipeline ranks share
-    one shard)."""
-    try:
-        return _dp_strict(section, workers)
-    except ValueError:  # reported by _trainer
-        return workers
-
-
-def _dp_strict(section: Any, workers: int) -> int:
-    from verl.workers.role_engines import data_parallel_layout
-
-    return data_parallel_layout(section, 0, workers)[2]
-
-
 def _trainer(config: Any, problems: list[str]) -> None:
     mode = trainer_mode_name(config)
     if mode not in registered_trainers():  # a mode of register_trainer: its module imported (model.external_lib)
         problems.append(f"trainer.v1.trainer_mode={mode!r}; use one of {registered_trainers()}")
-    engine = config.get("model_engine", "dp")
-    if engine not in ("dp", "megatron"):
-        problems.append(f"model_engine={engine!r}: the {engine} engine is not available here; use dp or megatron")
-    for name, section in (("actor_rollout_ref.actor", config.actor_rollout_ref.actor), ("critic", config.critic)):
-        if section.get("strategy") == "megatron":
-            try:
-                _dp_strict(section, max(world_size(config), 1))
-            except ValueError as error:
-                problems.append(f"{name}.megatron: {error}")
-    strategy = config.actor_rollout_ref.actor.get("strategy", "fsdp")
-    if (engine == "megatron") != (strategy == "megatron"):
-        problems.append(
-            f"model_engine={engine!r} with actor_rollout_ref.actor.strategy={strategy!r}: the model engine selects "
-            "the roles' configs (model_engine=megatron: megatron_actor / megatron_ref / megatron_critic)"
-        )
+    check_model_engine(config, max(world_size(config), 1), problems)
     device = config.trainer.get("device", "auto")
     if device not in ("auto", "cpu", "cuda"):
         problems.append(f"trainer.device={device!r}; use auto, cpu or cuda")
@@ -584,7 +556,9 @@ def validate_config(
     workers = max(world_size(cfg), 1)
     _dataclass_problem(
         lambda: dataclasses.replace(
-            omega_conf_to_dataclass(arr.actor, ActorConfig), rollout_n=n, data_parallel_size=_dp(arr.actor, workers)
+            omega_conf_to_dataclass(arr.actor, ActorConfig),
+            rollout_n=n,
+            data_parallel_size=role_dp_size(arr.actor, workers),
         ),
         "actor_rollout_ref.actor",
         problems,
@@ -594,7 +568,7 @@ def validate_config(
     if need_critic(cfg):
         _dataclass_problem(
             lambda: dataclasses.replace(
-                omega_conf_to_dataclass(cfg.critic, CriticConfig), data_parallel_size=_dp(cfg.critic, workers)
+                omega_conf_to_dataclass(cfg.critic, CriticConfig), data_parallel_size=role_dp_size(cfg.critic, workers)
             ),
             "critic",
             problems,
