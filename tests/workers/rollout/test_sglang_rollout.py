@@ -1,0 +1,255 @@
+"""The SGLang engine in process (sglang 0.5.23 on CPU, with the import-only stand-ins of tests/sglang_cpu for its
+CUDA kernel package and torchvision), against a plain HF model: the rollout contract, log-probs against the trainer's
+after a sync (also with a shared prefix in SGLang's radix cache), digest-verified weight sync, continuous batching,
+abort and resume, weight versions across a push. One engine serves every test. Runs in the sglang venv (marker
+``sglang``)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+pytest.importorskip("sglang", reason="the sglang-marked tests run in the sglang venv built by scripts/test.sh")
+pytestmark = pytest.mark.sglang
+
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+from verl.checkpoint_engine import ColocatedCheckpointEngine, WeightSyncError  # noqa: E402
+from verl.protocol import DataProto  # noqa: E402
+from verl.utils.tiny_model import build_tiny_qwen2, save_tiny_qwen2  # noqa: E402
+from verl.workers.rollout import get_rollout_class  # noqa: E402
+
+PROMPT_LEN, RESPONSE_LEN = 6, 8
+MAX_MODEL_LEN = 256
+# measured on CPU in float32: SGLang's torch_native attention against HF's eager forward, 1e-6 at most
+LOG_PROB_ATOL = 2e-5
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_tiny_qwen2(tmp_path_factory.mktemp("sglang") / "tiny", seed=0)
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir):
+    torch.manual_seed(1234)
+    threads = torch.get_num_threads()
+    before = torch.rand(3)
+    torch.manual_seed(1234)
+    rollout = get_rollout_class("sglang")(
+        config={
+            "name": "sglang",
+            "dtype": "float32",
+            "tensor_model_parallel_size": 1,
+            "prompt_length": PROMPT_LEN,
+            "response_length": RESPONSE_LEN,
+            "max_model_len": MAX_MODEL_LEN,
+            "load_format": "auto",
+            "seed": 7,
+        },
+        model_path=model_dir,
+    )
+    # starting the engine must not disturb the trainer's RNG stream nor its thread settings
+    assert torch.equal(torch.rand(3), before)
+    assert torch.get_num_threads() == threads
+    yield rollout
+    rollout.close()
+
+
+@pytest.fixture
+def restore_weights(engine, model_dir):
+    """For a test that loads other weights into the shared engine: the model on disk is loaded back afterwards."""
+    yield
+    original = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    ColocatedCheckpointEngine(dtype="float32").send_weights(original.state_dict().items(), engine, verify=True)
+
+
+def prompts(**meta) -> DataProto:
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 256, (3, PROMPT_LEN), generator=g)
+    mask = torch.ones_like(ids)
+    mask[2, :3] = 0
+    ids[2, :3] = 0
+    return DataProto.from_dict(
+        {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)},
+        meta_info={"eos_token_id": 1, "pad_token_id": 0, "global_steps": 1, "n": 2, **meta},
+    )
+
+
+def hf_log_probs(model, out: DataProto) -> torch.Tensor:
+    b = out.batch
+    prompt_len = b["prompts"].shape[1]
+    with torch.no_grad():
+        logits = model(
+            input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]
+        ).logits[:, prompt_len - 1 : -1]
+    return torch.log_softmax(logits, -1).gather(-1, b["responses"].unsqueeze(-1)).squeeze(-1) * b["response_mask"]
+
+
+def test_generation_contract_and_log_probs(engine, model_dir):
+    out = engine.generate_sequences(prompts())
+    b = out.batch
+    assert b["responses"].shape == (6, RESPONSE_LEN) and b["input_ids"].shape == (6, PROMPT_LEN + RESPONSE_LEN)
+    assert torch.equal(b["attention_mask"][:, PROMPT_LEN:], b["response_mask"])
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    torch.testing.assert_close(b["rollout_log_probs"], hf_log_probs(model, out), rtol=0, atol=LOG_PROB_ATOL)
+    assert not torch.equal(b["responses"][0], b["responses"][1])  # two samples of one prompt
+
+
+def test_a_verified_sync_then_greedy_and_log_probs_follow_the_trainer(engine, restore_weights):
+    trained = build_tiny_qwen2(seed=11)
+    sync = ColocatedCheckpointEngine(bucket_megabytes=0.2, dtype="float32")
+    stats = sync.send_weights(trained.state_dict().items(), engine, verify=True)  # bucketed, verified bit for bit
+    assert stats["buckets"] > 1
+    out = engine.generate_sequences(prompts(do_sample=False, n=1))
+    b = prompts(n=1).batch
+    expected = trained.generate(
+        input_ids=b["input_ids"],
+        attention_mask=b["attention_mask"],
+        do_sample=False,
+        max_new_tokens=RESPONSE_LEN,
+        eos_token_id=1,
+        pad_token_id=0,
+    )[:, PROMPT_LEN:]
+    for row in range(3):
+        length = int(out.batch["response_mask"][row].sum())
+        assert out.batch["responses"][row, :length].tolist() == expected[row, :length].tolist(), row
+    torch.testing.assert_close(out.batch["rollout_log_probs"], hf_log_probs(trained, out), rtol=0, atol=LOG_PROB_ATOL)
+
+
+def test_verification_catches_a_corrupted_tensor(engine, restore_weights):
+    weights = dict(build_tiny_qwen2(seed=12).state_dict())
+    sync = ColocatedCheckpointEngine(dtype="float32")
+    real = engine.update_weights
+
+    def corrupting(named):
+        real([(n, t + 1.0 if n.endswith("layers.0.self_attn.k_proj.weight") else t) for n, t in named])
+
+    engine.update_weights = corrupting
+    try:
+        with pytest.raises(WeightSyncError, match=r"model.layers.0.self_attn.k_proj.weight"):
+            sync.send_weights(weights.items(), engine, verify=True)
+    finally:
+        del engine.update_weights
+
+
+def shared_prefix_prompts(prefix_len: int = 40, suffix_len: int = 6) -> DataProto:
+    """Four prompts whose first ``prefix_len`` tokens agree (SGLang's radix cache keeps the shared prefix)."""
+    g = torch.Generator().manual_seed(5)
+    prefix = torch.randint(3, 256, (1, prefix_len), generator=g).expand(4, -1)
+    ids = torch.cat([prefix, torch.randint(3, 256, (4, suffix_len), generator=g)], dim=1)
+    mask = torch.ones_like(ids)
+    return DataProto.from_dict(
+        {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)},
+        meta_info={"eos_token_id": 1, "pad_token_id": 0, "do_sample": False, "n": 1},
+    )
+
+
+def test_log_probs_after_a_sync_with_a_shared_prefix_in_the_cache(engine, model_dir, restore_weights):
+    """The prefix cached under the old weights is not reused after the push. With ``_serve_invalidate`` a no-op this
+    fails: all 32 log-probs off, by up to 2.6 (measured)."""
+    batch = shared_prefix_prompts()
+    engine.generate_sequences(batch)  # caches the shared prefix under the current weights
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    g = torch.Generator().manual_seed(6)
+    with torch.no_grad():
+        for tensor in model.state_dict().values():
+            tensor.add_(0.05 * torch.randn(tensor.shape, generator=g))
+    engine.update_weights(model.state_dict().items())
+    out = engine.generate_sequences(batch)
+    torch.testing.assert_close(out.batch["rollout_log_probs"], hf_log_probs(model, out), rtol=0, atol=1e-4)
+
+
+def test_cpu_sleep_is_a_documented_no_op_and_tp_and_lora_are_checked(engine, model_dir):
+    assert engine.supports_sleep is False
+    engine.sleep()
+    engine.wake_up(["weights"])
+    assert engine.generate_sequences(prompts()).batch["responses"].shape == (6, RESPONSE_LEN)
+    cls = get_rollout_class("sglang")
+    with pytest.raises(ValueError, match="tensor_model_parallel_size=2"):
+        cls(config={"name": "sglang", "tensor_model_parallel_size": 2}, model_path=model_dir)
+    with pytest.raises(NotImplementedError, match="LoRA"):
+        cls(config={"name": "sglang", "tensor_model_parallel_size": 1}, model_path=model_dir, lora=object())
+
+
+# ---------------------------------------------------------------------------------------------- the request API
+def token_prompt(seed: int, length: int = PROMPT_LEN) -> list[int]:
+    return torch.randint(3, 256, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def greedy(max_tokens: int) -> dict:
+    return {"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True}
+
+
+def wait_for_tokens(engine, request_id: str, count: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (engine.progress(request_id) or 0) >= count:
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"{request_id} did not reach {count} tokens in {timeout} s")
+
+
+def test_a_short_request_overtakes_a_running_long_one(engine):
+    long = engine.submit("long", token_prompt(1), greedy(120))
+    wait_for_tokens(engine, "long", 3)
+    with pytest.raises(RuntimeError, match="in flight"):
+        engine.sleep()
+    short = engine.submit("short", token_prompt(2), greedy(4)).result(timeout=60)
+    assert len(short.token_ids) == 4 and short.stop_reason == "completed"
+    assert not long.done()  # the short one joined SGLang's running batch and left it first
+    out = long.result(timeout=60)
+    assert len(out.token_ids) == 120 and out.extra_fields["finish_reason"] == "length"
+
+
+def test_abort_returns_partial_tokens_and_resume_completes_the_response(engine):
+    prompt, params = token_prompt(3), greedy(60)
+    reference = engine.submit("uninterrupted", prompt, params).result(timeout=60)
+    future = engine.submit("resumable", prompt, params)
+    wait_for_tokens(engine, "resumable", 5)
+    partial = engine.abort(["resumable"])["resumable"]
+    assert future.result(timeout=10) == partial  # the pending caller gets the same partial output
+    assert partial.stop_reason == "aborted" and partial.extra_fields["finish_reason"] == "abort"
+    assert 5 <= len(partial.token_ids) < 60 and len(partial.log_probs) == len(partial.token_ids)
+    assert engine.abort(["resumable"]) == {}  # no longer in flight
+    resumed = engine.submit("resumable", prompt, params, resume_from=partial).result(timeout=60)
+    # greedy: the resumed response is the uninterrupted one (SGLang recomputes the prefix's KV)
+    assert resumed.token_ids == reference.token_ids
+    torch.testing.assert_close(torch.tensor(resumed.log_probs), torch.tensor(reference.log_probs), rtol=0, atol=1e-5)
+
+
+def test_a_weight_load_preempts_the_running_request_and_versions_its_tokens(engine, model_dir):
+    original = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
+    prompt, params = token_prompt(4), greedy(100)
+    reference = engine.submit("unpreempted", prompt, params).result(timeout=60)
+    version = engine.weight_version
+    future = engine.submit("across-update", prompt, params)
+    wait_for_tokens(engine, "across-update", 5)
+    engine.update_weights(original.items())  # the same weights: the recomputed KV gives the same tokens
+    out = future.result(timeout=60)
+    assert engine.weight_version == version + 1
+    assert out.num_preempted == 1
+    (start, split, old), (split_again, end, new) = out.weight_version_ranges()
+    assert (start, old, new, end) == (0, version, version + 1, 100) and split == split_again >= 5
+    assert out.token_ids == reference.token_ids
+
+
+def test_prompt_logprobs_are_the_models_at_every_prompt_position(engine, model_dir):
+    """A distillation teacher's request (``prompt_logprobs``: 0 for each prompt token's own log-prob, k for the top-k
+    at each position), against the HF model's forward pass over the prompt alone."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    prompt = token_prompt(5, 11)
+    with torch.no_grad():
+        log_probs = torch.log_softmax(model(torch.tensor([prompt])).logits[0, :-1].float(), -1)
+    futures = engine.submit_many(
+        [(f"teacher{k}", prompt, {"temperature": 0.0, "max_tokens": 1, "prompt_logprobs": k}, None) for k in (0, 3)]
+    )
+    own, top = (f.result(timeout=120).extra_fields for f in futures)
+    assert own["prompt_ids"] == [[t] for t in prompt] and own["prompt_logprobs"][0] == [0.0]
+    expected = log_probs.gather(-1, torch.tensor(prompt[1:])[:, None])
+    torch.testing.assert_close(torch.tensor(own["prompt_logprobs"][1:]), expected, rtol=0, atol=LOG_PROB_ATOL)
+    best = log_probs.topk(3, -1)
+    assert top["prompt_ids"][1:] == best.indices.tolist()
+    torch.testing.assert_close(torch.tensor(top["prompt_logprobs"][1:]), best.values, rtol=0, atol=LOG_PROB_ATOL)
