@@ -242,7 +242,7 @@ DIFFERENCES: dict[str, str] = {
     "trainer.logger": "the default names `wandb`: on a machine without the `trackers` extra, pass "
     "`trainer.logger='[console]'`.",
     "actor_rollout_ref.rollout.name": "veRL requires it (usually `vllm`); here it defaults to `hf`, our torch engine, "
-    "which runs everywhere. `sglang` is accepted but not part of this build.",
+    "which runs everywhere. `sglang` runs on CUDA (`.[sglang]`) and on CPU with the setup of docs/sglang.md.",
     "actor_rollout_ref.rollout.mode": "`sync` is accepted too; both take the same generation path (the in-process "
     "engines). Any other value is a validation error.",
     "actor_rollout_ref.rollout.tensor_model_parallel_size": "the in-process `vllm` engine needs 1: another value with "

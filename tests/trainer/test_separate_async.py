@@ -196,17 +196,21 @@ def test_lora_adapters_are_pushed_alone_to_the_rollout_pool(async_runs):
     assert data[0]["actor/kl_loss"] == 0 < data[-1]["actor/kl_loss"]  # the reference is the base model
 
 
-@pytest.mark.vllm
-def test_vllm_servers_on_their_own_pool(tmp_path, cli):
-    """vLLM's engine as the rollout server on its own pool (the vllm venv), with partial rollout: every gloo push,
-    staged and then loaded (also while the engine generates), verifies bit for bit; step 1's samples (version 0)
-    score the same under the trainer and the engine; no token is more than one version behind."""
-    pytest.importorskip("vllm", reason="runs in the vllm venv")
+SERVER_ENGINES = [pytest.param("vllm", marks=pytest.mark.vllm), pytest.param("sglang", marks=pytest.mark.sglang)]
+
+
+@pytest.mark.parametrize("engine", SERVER_ENGINES)
+def test_engine_servers_on_their_own_pool(engine, tmp_path, cli):
+    """vLLM's and SGLang's engines as the rollout servers on their own pool (each in its venv), with partial rollout:
+    every gloo push, staged and then loaded (also while the engine generates), verifies bit for bit against what the
+    engine reads back; step 1's samples (version 0) score the same under the trainer and the engine; the requests
+    cut by a push are resumed, and no token is more than one version behind."""
+    pytest.importorskip(engine, reason=f"runs in the {engine} venv")
     code, output, records = cli(
         tmp_path,
         "trainer.mode=separate_async",
         "actor_rollout_ref.hybrid_engine=false",
-        "actor_rollout_ref.rollout.name=vllm",
+        f"actor_rollout_ref.rollout.name={engine}",
         "actor_rollout_ref.rollout.load_format=dummy",  # the push at start-up brings the actor's weights
         "async_training.partial_rollout=true",
         "trainer.total_training_steps=3",
@@ -217,5 +221,7 @@ def test_vllm_servers_on_their_own_pool(tmp_path, cli):
     staleness = [d["async/staleness/max"] for d in data]
     assert staleness[0] == 0 and max(staleness) <= 1
     assert all(d["fully_async/partial/max_partial_span"] <= 1 for d in data)
+    assert sum(d["fully_async/partial/resumed_requests"] for d in data) > 0
     assert data[0]["training/rollout_probs_diff_max"] < 1e-3  # trainer and engine agree on version 0
     assert data[1]["rollout_corr/rollout_is_mean"] > 0
+    assert all(d["weight_sync/tensors"] == 27 for d in data)

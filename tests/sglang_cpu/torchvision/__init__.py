@@ -79,6 +79,8 @@ if not any(isinstance(finder, _Finder) for finder in sys.meta_path):
 def __getattr__(attr: str):
     if attr.startswith("__"):
         raise AttributeError(attr)
-    return importlib.import_module(f"{__name__}.{attr}") if attr in ("transforms", "io", "ops") else StandIn(
-        f"{__name__}.{attr}"
+    return (
+        importlib.import_module(f"{__name__}.{attr}")
+        if attr in ("transforms", "io", "ops")
+        else StandIn(f"{__name__}.{attr}")
     )

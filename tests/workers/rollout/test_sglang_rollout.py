@@ -27,9 +27,17 @@ MAX_MODEL_LEN = 256
 LOG_PROB_ATOL = 2e-5
 
 
+EOS_PROMPT_SEED = 9
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    return save_tiny_qwen2(tmp_path_factory.mktemp("sglang") / "tiny", seed=0)
+    """The tiny model with its EOS id set to the third token of its greedy continuation of the EOS prompt: SGLang
+    also stops at a model's EOS, which the engine must undo where a request names other stop tokens."""
+    model = build_tiny_qwen2(seed=0)
+    with torch.no_grad():
+        ids = model.generate(torch.tensor([token_prompt(EOS_PROMPT_SEED)]), do_sample=False, max_new_tokens=3)
+    return save_tiny_qwen2(tmp_path_factory.mktemp("sglang") / "tiny", seed=0, eos_token_id=int(ids[0, -1]))
 
 
 @pytest.fixture(scope="module")
@@ -190,6 +198,21 @@ def wait_for_tokens(engine, request_id: str, count: int, timeout: float = 60.0) 
             return
         time.sleep(0.005)
     raise AssertionError(f"{request_id} did not reach {count} tokens in {timeout} s")
+
+
+def test_stopping_is_exactly_the_requests_stop_tokens(engine):
+    (eos,) = engine._default_eos  # the model's EOS
+    prompt = token_prompt(EOS_PROMPT_SEED)
+    free = engine.submit("free", prompt, greedy(12)).result(timeout=60)  # ignore_eos: no stop at all
+    assert eos in free.token_ids and len(free.token_ids) == 12 and 1 not in free.token_ids
+    first = free.token_ids.index(eos)
+    own = engine.submit("model-eos", prompt, {"temperature": 0.0, "max_tokens": 12}).result(timeout=60)
+    assert own.token_ids == free.token_ids[: first + 1] and own.extra_fields["finish_reason"] == "stop"
+    # stop at token 1 only: SGLang stops at the model's EOS as well, and the engine continues the request past it
+    other = engine.submit("other-stop", prompt, {"temperature": 0.0, "max_tokens": 12, "stop_token_ids": [1]})
+    other = other.result(timeout=60)
+    assert other.token_ids == free.token_ids and other.extra_fields["finish_reason"] == "length"
+    torch.testing.assert_close(torch.tensor(other.log_probs), torch.tensor(free.log_probs), rtol=0, atol=1e-5)
 
 
 def test_a_short_request_overtakes_a_running_long_one(engine):

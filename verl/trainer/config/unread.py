@@ -166,6 +166,12 @@ UNREAD: tuple[Unread, ...] = (
     Unread(f"{_ROLLOUT}.disable_log_stats", "warn", "the engines' statistics are not logged"),
     Unread(f"{_ROLLOUT}.multi_stage_wake_up", "warn", "the rollout wakes up in one stage"),
     Unread(
+        f"{_ROLLOUT}.logprobs_mode",
+        "warn",
+        "SGLang returns the log-probs of the temperature-scaled distribution (processed_logprobs)",
+        engine="sglang",
+    ),
+    Unread(
         f"{_ROLLOUT}.over_sample_rate",
         "error",
         "over-sampling (aborting the slowest requests) is not implemented: every response is generated in full",

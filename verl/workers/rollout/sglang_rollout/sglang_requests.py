@@ -21,7 +21,6 @@ beside them, and a resumed request does not continue a stream of its own.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import queue
 import threading
@@ -44,9 +43,8 @@ _STEP_WAIT_S = 0.05
 def sglang_sampling_params(spec: SamplingSpec, max_tokens: int, deterministic: bool) -> dict[str, Any]:
     """Our :class:`SamplingSpec` as SGLang's sampling-params dict.
 
-    Stopping is exactly ``spec.stop_token_ids`` (none with ``ignore_eos``), as in the other engines: SGLang's own
-    EOS handling would also stop at the model's EOS when the caller named other stop tokens, so it is given the
-    stop ids and told to ignore the model's EOS unless the stop ids are the model's.
+    SGLang stops at ``stop_token_ids`` and also at the model's own EOS ids (``ignore_eos`` turns both off); a stop
+    the caller did not ask for is undone by :class:`SGLangRequests`, which continues the request.
     """
     greedy = spec.greedy
     params: dict[str, Any] = {
@@ -56,7 +54,7 @@ def sglang_sampling_params(spec: SamplingSpec, max_tokens: int, deterministic: b
         "top_k": spec.top_k if not greedy and spec.top_k > 0 else -1,
         "repetition_penalty": spec.repetition_penalty,
         "stop_token_ids": [] if spec.ignore_eos else list(spec.stop_token_ids),
-        "ignore_eos": True,
+        "ignore_eos": spec.ignore_eos,
         "no_stop_trim": True,
         "skip_special_tokens": False,
     }
@@ -88,7 +86,9 @@ class EngineLoop:
             self._thread.join(timeout=10)
 
 
-def prompt_logprob_fields(meta: dict[str, Any], prompt_ids: list[int], k: int) -> tuple[list[list[int]], list[list[float]]]:
+def prompt_logprob_fields(
+    meta: dict[str, Any], prompt_ids: list[int], k: int
+) -> tuple[list[list[int]], list[list[float]]]:
     """SGLang's ``input_token_logprobs`` / ``input_top_logprobs`` (one entry per prompt position, the first without
     a value) as our ``prompt_ids`` / ``prompt_logprobs`` fields: ``k = 0`` each token's own log-prob, ``k > 0`` the
     top-k most likely first; row 0 zeros."""
@@ -125,7 +125,6 @@ class SGLangRequests:
         self._events: queue.Queue[tuple[str, list[int], list[float], str | None, Any]] = queue.Queue()
         self._requests: dict[str, RequestState] = {}  # engine id -> request
         self._engine_ids: dict[str, str] = {}  # request id -> engine id
-        self._counter = itertools.count()
 
     def __len__(self) -> int:
         return len(self._requests)
@@ -133,24 +132,29 @@ class SGLangRequests:
     def add(self, requests: list[RequestState]) -> None:
         """Start ``requests``: prefill of the prompt plus the tokens generated so far, ``max_new_tokens`` what is
         left."""
+        for request in requests:
+            self._start(request, [])
+
+    def _start(self, request: RequestState, pending: list[int]) -> None:
+        """Start ``request`` with ``pending`` (tokens it generated that the engine thread has not delivered yet)
+        appended to its context."""
         from sglang.srt.managers.io_struct import GenerateReqInput
 
-        for request in requests:
-            engine_id = uuid.uuid4().hex
-            self._requests[engine_id] = request
-            self._engine_ids[request.request_id] = engine_id
-            asked = request.spec.prompt_logprobs if request.prompt_logprobs is None else None
-            obj = GenerateReqInput(
-                input_ids=request.context_ids,
-                sampling_params=sglang_sampling_params(request.spec, request.remaining, self.deterministic),
-                return_logprob=True,
-                logprob_start_len=0 if asked is not None else -1,
-                top_logprobs_num=asked or 0,
-                lora_path=self.lora_path,
-                stream=True,
-                rid=engine_id,
-            )
-            asyncio.run_coroutine_threadsafe(self._stream(engine_id, obj), self.loop.loop)
+        engine_id = uuid.uuid4().hex
+        self._requests[engine_id] = request
+        self._engine_ids[request.request_id] = engine_id
+        asked = request.spec.prompt_logprobs if request.prompt_logprobs is None else None
+        obj = GenerateReqInput(
+            input_ids=request.context_ids + pending,
+            sampling_params=sglang_sampling_params(request.spec, request.remaining - len(pending), self.deterministic),
+            return_logprob=True,
+            logprob_start_len=0 if asked is not None else -1,
+            top_logprobs_num=asked or 0,
+            lora_path=self.lora_path,
+            stream=True,
+            rid=engine_id,
+        )
+        asyncio.run_coroutine_threadsafe(self._stream(engine_id, obj), self.loop.loop)
 
     async def _stream(self, engine_id: str, obj: Any) -> None:
         seen = 0
@@ -163,9 +167,7 @@ class SGLangRequests:
                 finish = meta.get("finish_reason")
                 reason = finish.get("type") if isinstance(finish, dict) else finish
                 if new or reason is not None:
-                    self._events.put(
-                        (engine_id, [int(e[1]) for e in new], [float(e[0]) for e in new], reason, meta)
-                    )
+                    self._events.put((engine_id, [int(e[1]) for e in new], [float(e[0]) for e in new], reason, meta))
         except BaseException as error:  # the engine thread raises it for the request
             self._events.put((engine_id, [], [], "error", error))
 
@@ -206,6 +208,9 @@ class SGLangRequests:
                 done = request.token_ids + tokens
                 last = done[-1] if done else None
                 finish = "stop" if not spec.ignore_eos and last in spec.stop_token_ids else "length"
+                if reason == "stop" and finish == "length" and len(done) < spec.max_tokens:  # the model's EOS: go on
+                    self._start(request, tokens)
+                    finish = None
             events[engine_id] = (request, tokens, log_probs, finish)
         return list(events.values())
 

@@ -163,8 +163,9 @@ class SGLangRollout(BaseRollout):
         self._asleep = False
         self._requests = SGLangRequests(self.engine, self._loop, self.deterministic)
         self._init_serving(cfg.max_num_seqs, engine_kwargs["context_length"])
-        logger.info("SGLangRollout: %s on %s (%s), started in %.1fs", model_path, self.device, cfg.dtype,
-                    self.startup_seconds)
+        logger.info(
+            "SGLangRollout: %s on %s (%s), started in %.1fs", model_path, self.device, cfg.dtype, self.startup_seconds
+        )
 
     # ------------------------------------------------------------------ calls into SGLang
     def _call(self, method: str, obj: Any) -> Any:
