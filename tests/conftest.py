@@ -67,8 +67,8 @@ def pytest_sessionstart(session):
             raise pytest.UsageError(f"VERL_REQUIRE_VLLM=1 but vllm does not import here: {e!r}") from e
     if os.environ.get("VERL_REQUIRE_SGLANG") == "1":  # the sglang venv: the engine and its CPU stand-ins import
         try:
-            import sglang  # noqa: F401
             import sgl_kernel  # noqa: F401
+            import sglang  # noqa: F401
         except Exception as e:
             raise pytest.UsageError(f"VERL_REQUIRE_SGLANG=1 but sglang does not import here: {e!r}") from e
 

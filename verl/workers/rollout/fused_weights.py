@@ -10,7 +10,8 @@ __all__ = ["unfuse"]
 
 
 def unfuse(name: str, tensor: torch.Tensor, hf_config: Any) -> list[tuple[str, torch.Tensor]]:
-    """An engine's fused parameter (vLLM, SGLang) under Hugging Face names: qkv_proj → q/k/v_proj, gate_up_proj → gate/up_proj."""
+    """An engine's fused parameter (vLLM, SGLang) under Hugging Face names: qkv_proj → q/k/v_proj, gate_up_proj →
+    gate/up_proj."""
     if ".qkv_proj." in name:
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
         kv_heads = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
