@@ -1,12 +1,15 @@
 """Request API against batch API: new tokens/s of ``engine.generate`` (one request per prompt, continuous batching)
 and of ``engine.generate_sequences`` (one ``DataProto`` per batch), on the same rollout engine.
 
-    python benchmarks/bench_request.py [--engine hf|vllm] [--workload single|longtail|all] [--path batch|request|both]
+    python benchmarks/bench_request.py [--engine hf|vllm|sglang] [--workload single|longtail|all]
+        [--path batch|request|both]
         [--repeats 3] [--prompts 16 64] [--new-tokens 128] [--sampling sample|greedy] [--dtype bfloat16]
         [--requests 64] [--slots 16] [--long 4] [--short-tokens 16] [--long-tokens 256] [--longtail-dtype float32]
         [--pool 0] [--prompt-len 32] [--vllm-packed-weights]
 
-``--engine vllm`` needs the vllm venv (``.venv-vllm/bin/python benchmarks/bench_request.py --engine vllm``). The
+``--engine vllm`` needs the vllm venv (``.venv-vllm/bin/python benchmarks/bench_request.py --engine vllm``),
+``--engine sglang`` the sglang venv with the CPU stand-ins of tests/sglang_cpu (docs/sglang.md:
+``PYTHONPATH=tests/sglang_cpu .venv-sglang/bin/python benchmarks/bench_request.py --engine sglang``). The
 batch path runs on any verl; the request path needs the engines' ``async generate(request_id, *, prompt_ids,
 sampling_params) -> TokenOutput``. To measure a verl other than the installed one, put its tree first on the path:
 ``PYTHONPATH=/tmp/bench_old python benchmarks/bench_request.py --path batch`` (the script prints the verl it imported
@@ -182,6 +185,7 @@ def timed(fns: dict[str, Callable[[], list[list[int]]]], repeats: int) -> dict[s
 # ---------------------------------------------------------------------------------------------- single
 def bench_single(args: argparse.Namespace, model_dir: str, vocab: int, pad: int) -> list[Row]:
     greedy = args.sampling == "greedy"
+    start = time.perf_counter()
     engine = build_engine(
         args,
         model_dir,
@@ -190,6 +194,7 @@ def bench_single(args: argparse.Namespace, model_dir: str, vocab: int, pad: int)
         ignore_eos=True,
         max_num_seqs=max(256, *args.prompts),
     )
+    print(f"  engine start-up: {time.perf_counter() - start:.1f} s (the model is on disk)", flush=True)
     requests = Requests(engine) if "request" in args.paths else None
     rows = []
     for count in args.prompts:
@@ -411,7 +416,7 @@ def print_table(rows: list[Row], engine: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--engine", default="hf", choices=["hf", "vllm"])
+    parser.add_argument("--engine", default="hf", choices=["hf", "vllm", "sglang"])
     parser.add_argument("--workload", default="all", choices=["single", "longtail", "all"])
     parser.add_argument("--path", default="both", choices=["batch", "request", "both"])
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per figure (median)")

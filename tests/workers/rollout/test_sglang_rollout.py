@@ -180,6 +180,10 @@ def test_cpu_sleep_is_a_documented_no_op_and_tp_and_lora_are_checked(engine, mod
         cls(config={"name": "sglang", "tensor_model_parallel_size": 2}, model_path=model_dir)
     with pytest.raises(NotImplementedError, match="LoRA"):
         cls(config={"name": "sglang", "tensor_model_parallel_size": 1}, model_path=model_dir, lora=object())
+    deterministic = {"sglang": {"enable_deterministic_inference": True}}
+    config = {"name": "sglang", "tensor_model_parallel_size": 1, "engine_kwargs": deterministic}
+    with pytest.raises(ValueError, match="engine_kwargs.sglang.enable_deterministic_inference: not available on CPU"):
+        cls(config=config, model_path=model_dir)
 
 
 # ---------------------------------------------------------------------------------------------- the request API

@@ -17,7 +17,8 @@ the checkpoint engine (gloo, nccl or shm) and then take the same path. ``named_w
 
 Sampling follows the rollout contract: per-token log-probs of the sampled tokens (SGLang's default: temperature
 scaled), stopping exactly at the request's ``stop_token_ids``. Seeds are honoured only with
-``engine_kwargs.sglang.enable_deterministic_inference`` (see :mod:`.sglang_requests`).
+``engine_kwargs.sglang.enable_deterministic_inference`` (CUDA; on CPU it needs a kernel the CPU setup lacks and is
+refused; see :mod:`.sglang_requests`).
 
 Sleep. On CUDA with ``free_cache_engine``, ``sleep`` releases the weights and KV cache (SGLang's memory saver,
 ``release_memory_occupation``) and ``wake_up`` restores them. SGLang cannot release memory on CPU: there ``sleep`` and
@@ -54,6 +55,12 @@ logger = logging.getLogger(__name__)
 #: KV-pool size on CPU (tokens) unless ``engine_kwargs.sglang.max_total_tokens`` says otherwise.
 DEFAULT_CPU_MAX_TOTAL_TOKENS = 8192
 _CALL_TIMEOUT_S = 600.0
+# engine arguments whose code paths call kernels of sgl_kernel's CPU build, which PyPI does not have
+_NEEDS_KERNELS = {
+    "enable_deterministic_inference": "seeded sampling hashes with sgl_kernel's murmur_hash32_cpu",
+    "enable_lora": "SGLang's LoRA backends run Triton or CUDA kernels",
+    "speculative_algorithm": "speculative decoding runs Triton or CUDA kernels",
+}
 _FLUSH_TIMEOUT_S = 60.0
 
 
@@ -110,6 +117,13 @@ def _check_kernel_package(device: torch.device) -> None:
         raise RuntimeError(f"rollout.name=sglang on {device}: sgl_kernel is the CPU stand-in; install sglang-kernel")
 
 
+def _check_cpu_kwargs(engine_kwargs: dict[str, Any]) -> None:
+    """Refuse SGLang settings that need a kernel the CPU setup lacks (they would fail in the scheduler process)."""
+    for key, why in _NEEDS_KERNELS.items():
+        if engine_kwargs.get(key):
+            raise ValueError(f"actor_rollout_ref.rollout.engine_kwargs.sglang.{key}: not available on CPU ({why})")
+
+
 @register_rollout("sglang")
 class SGLangRollout(BaseRollout):
     """SGLang in the worker process (its scheduler in a child process), serving the request API. See the module
@@ -142,6 +156,8 @@ class SGLangRollout(BaseRollout):
         if self.device.type == "cpu":
             os.environ["SGLANG_USE_CPU_ENGINE"] = "1"  # without it a CPU scheduler fails at start-up
         engine_kwargs = sglang_engine_kwargs(cfg, self.model_path, self.device)
+        if self.device.type == "cpu":
+            _check_cpu_kwargs(engine_kwargs)
         self.deterministic = bool(engine_kwargs.get("enable_deterministic_inference", False))
         self.supports_sleep = self.device.type == "cuda" and bool(engine_kwargs.get("enable_memory_saver"))
         import sglang
