@@ -172,7 +172,11 @@ def test_log_probs_after_a_sync_with_a_shared_prefix_in_the_cache(engine, model_
 
 def test_cpu_sleep_is_a_documented_no_op_and_tp_and_lora_are_checked(engine, model_dir):
     assert engine.supports_sleep is False
+    weights = sum(t.numel() * t.element_size() for _, t in engine.named_weights())
+    held = engine.memory_bytes()
+    assert held > weights  # the weights and a KV pool (max_total_tokens)
     engine.sleep()
+    assert engine.memory_bytes() == held  # nothing is released on CPU
     engine.wake_up(["weights"])
     assert engine.generate_sequences(prompts()).batch["responses"].shape == (6, RESPONSE_LEN)
     cls = get_rollout_class("sglang")
@@ -217,6 +221,13 @@ def test_stopping_is_exactly_the_requests_stop_tokens(engine):
     other = other.result(timeout=60)
     assert other.token_ids == free.token_ids and other.extra_fields["finish_reason"] == "length"
     torch.testing.assert_close(torch.tensor(other.log_probs), torch.tensor(free.log_probs), rtol=0, atol=1e-5)
+
+
+def test_a_request_fills_the_whole_context(engine):
+    """Prompt and response up to ``max_model_len`` tokens, never cut short by SGLang's own length limit."""
+    prompt = token_prompt(6, 32)
+    out = engine.submit("full", prompt, greedy(MAX_MODEL_LEN - 32)).result(timeout=120)
+    assert len(out.token_ids) == MAX_MODEL_LEN - 32 and out.extra_fields["finish_reason"] == "length"
 
 
 def test_a_short_request_overtakes_a_running_long_one(engine):

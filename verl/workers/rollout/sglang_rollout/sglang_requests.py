@@ -208,8 +208,13 @@ class SGLangRequests:
                 done = request.token_ids + tokens
                 last = done[-1] if done else None
                 finish = "stop" if not spec.ignore_eos and last in spec.stop_token_ids else "length"
-                if reason == "stop" and finish == "length" and len(done) < spec.max_tokens:  # the model's EOS: go on
-                    self._start(request, tokens)
+                if finish == "length" and len(done) < spec.max_tokens:
+                    if reason != "stop":  # never silently short: SGLang's own length limit cut the request
+                        raise RuntimeError(
+                            f"SGLang ended request {request.request_id!r} after {len(done)} of {spec.max_tokens} "
+                            "tokens (its context_length or max_total_tokens is too small for the request)"
+                        )
+                    self._start(request, tokens)  # SGLang stopped at the model's EOS, which was not asked for
                     finish = None
             events[engine_id] = (request, tokens, log_probs, finish)
         return list(events.values())

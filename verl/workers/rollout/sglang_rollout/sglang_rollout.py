@@ -55,6 +55,8 @@ logger = logging.getLogger(__name__)
 #: KV-pool size on CPU (tokens) unless ``engine_kwargs.sglang.max_total_tokens`` says otherwise.
 DEFAULT_CPU_MAX_TOTAL_TOKENS = 8192
 _CALL_TIMEOUT_S = 600.0
+#: SGLang admits at most ``context_length - 2`` tokens per request: it is given this much more than ``max_model_len``.
+CONTEXT_MARGIN = 2
 # engine arguments whose code paths call kernels of sgl_kernel's CPU build, which PyPI does not have
 _NEEDS_KERNELS = {
     "enable_deterministic_inference": "seeded sampling hashes with sgl_kernel's murmur_hash32_cpu",
@@ -71,7 +73,8 @@ def sglang_engine_kwargs(config: RolloutConfig, model_path: str, device: torch.d
     kwargs: dict[str, Any] = {
         "model_path": model_path,
         "dtype": canonical_dtype_name(config.dtype),
-        "context_length": max_model_len,
+        # SGLang serves at most context_length - 2 tokens (prompt and response) per request
+        "context_length": max_model_len + CONTEXT_MARGIN,
         "tp_size": config.tensor_model_parallel_size,
         "random_seed": config.seed,
         "load_format": config.load_format,
@@ -152,6 +155,15 @@ class SGLangRollout(BaseRollout):
                 f"rollout.tensor_model_parallel_size={cfg.tensor_model_parallel_size}: SGLang on CPU runs one engine "
                 "per rank (tensor parallel size 1); set actor_rollout_ref.rollout.tensor_model_parallel_size=1"
             )
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        self.hf_config = AutoConfig.from_pretrained(
+            self.model_path, trust_remote_code=bool(kwargs.get("trust_remote_code", False))
+        )
+        self.dtype = getattr(torch, canonical_dtype_name(cfg.dtype))
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(self.hf_config)
+        self._weight_bytes = sum(p.numel() for p in model.parameters()) * self.dtype.itemsize
         _check_kernel_package(self.device)
         if self.device.type == "cpu":
             os.environ["SGLANG_USE_CPU_ENGINE"] = "1"  # without it a CPU scheduler fails at start-up
@@ -167,18 +179,12 @@ class SGLangRollout(BaseRollout):
         with preserve_process_state():
             self.engine = sglang.Engine(**engine_kwargs)
         self.startup_seconds = time.perf_counter() - started
-        from transformers import AutoConfig
-
-        self.hf_config = AutoConfig.from_pretrained(
-            self.model_path, trust_remote_code=bool(kwargs.get("trust_remote_code", False))
-        )
-        self.dtype = getattr(torch, canonical_dtype_name(cfg.dtype))
         self._default_eos = as_id_list(getattr(self.hf_config, "eos_token_id", None))
         self._default_pad = getattr(self.hf_config, "pad_token_id", None)
         self._vocab_size = self.hf_config.vocab_size
         self._asleep = False
         self._requests = SGLangRequests(self.engine, self._loop, self.deterministic)
-        self._init_serving(cfg.max_num_seqs, engine_kwargs["context_length"])
+        self._init_serving(cfg.max_num_seqs, engine_kwargs["context_length"] - CONTEXT_MARGIN)
         logger.info(
             "SGLangRollout: %s on %s (%s), started in %.1fs", model_path, self.device, cfg.dtype, self.startup_seconds
         )
@@ -240,14 +246,17 @@ class SGLangRollout(BaseRollout):
             yield "lm_head.weight", state["model.embed_tokens.weight"]
 
     def memory_bytes(self) -> int:
-        """Bytes of the weights plus the KV pool SGLang reports (0 while asleep)."""
+        """Bytes of the weights plus SGLang's KV pool (its token capacity × the KV bytes of a token); 0 asleep."""
         if self._asleep:
             return 0
-        info = self._loop.run(self.engine.tokenizer_manager.get_internal_state(), timeout=_CALL_TIMEOUT_S)
-        state = info[0] if isinstance(info, list) and info else info
-        weights_gb = float(state.get("memory_usage", {}).get("weight", 0.0)) if isinstance(state, dict) else 0.0
-        kv_gb = float(state.get("memory_usage", {}).get("kvcache", 0.0)) if isinstance(state, dict) else 0.0
-        return int((weights_gb + kv_gb) * 2**30)
+        states = self._loop.run(self.engine.tokenizer_manager.get_internal_state(), timeout=_CALL_TIMEOUT_S)
+        tokens = int(states[0]["memory_usage"]["token_capacity"])
+        config = self.hf_config
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        per_token = 2 * config.num_hidden_layers * kv_heads * head_dim * self.dtype.itemsize
+        return self._weight_bytes + tokens * per_token
 
     def sleep(self) -> None:
         """Release weights and KV cache (CUDA, with the memory saver); a documented no-op on CPU. Refused while
