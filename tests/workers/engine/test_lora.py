@@ -278,3 +278,12 @@ def test_model_merger_cli_merges_the_adapters(lora_run, tmp_path):
         [*argv[:-1], broken, "--target_dir", str(tmp_path / "x")], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode != 0 and "lora_adapter/adapter_config.json" in proc.stdout + proc.stderr
+
+
+def test_a_lora_actor_with_the_sglang_rollout_is_refused():
+    from tests.trainer.config.test_validate import VALID
+    from verl.trainer.config.validate import merged, validate_config
+
+    config = merged([*VALID, "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.rollout.name=sglang"])
+    with pytest.raises(ValueError, match=r"lora_rank=8 with actor_rollout_ref.rollout.name='sglang'"):
+        validate_config(config, check_environment=False)

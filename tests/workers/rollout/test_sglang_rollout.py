@@ -6,8 +6,6 @@ abort and resume, weight versions across a push. One engine serves every test. R
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
@@ -16,12 +14,23 @@ pytestmark = pytest.mark.sglang
 
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from verl.checkpoint_engine import ColocatedCheckpointEngine, WeightSyncError  # noqa: E402
-from verl.protocol import DataProto  # noqa: E402
+from tests.workers.rollout.engine_checks import (  # noqa: E402
+    PROMPT_LEN,
+    RESPONSE_LEN,
+    assert_greedy_follows,
+    assert_verification_catches_a_corrupted_tensor,
+    hf_log_probs,
+    perturbed,
+    prompts,
+    sampled,
+    shared_prefix_prompts,
+    token_prompt,
+    wait_for_tokens,
+)
+from verl.checkpoint_engine import ColocatedCheckpointEngine  # noqa: E402
 from verl.utils.tiny_model import build_tiny_qwen2, save_tiny_qwen2  # noqa: E402
 from verl.workers.rollout import get_rollout_class  # noqa: E402
 
-PROMPT_LEN, RESPONSE_LEN = 6, 8
 MAX_MODEL_LEN = 256
 # measured on CPU in float32: SGLang's torch_native attention against HF's eager forward, 1e-6 at most
 LOG_PROB_ATOL = 2e-5
@@ -74,28 +83,6 @@ def restore_weights(engine, model_dir):
     ColocatedCheckpointEngine(dtype="float32").send_weights(original.state_dict().items(), engine, verify=True)
 
 
-def prompts(**meta) -> DataProto:
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, 256, (3, PROMPT_LEN), generator=g)
-    mask = torch.ones_like(ids)
-    mask[2, :3] = 0
-    ids[2, :3] = 0
-    return DataProto.from_dict(
-        {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)},
-        meta_info={"eos_token_id": 1, "pad_token_id": 0, "global_steps": 1, "n": 2, **meta},
-    )
-
-
-def hf_log_probs(model, out: DataProto) -> torch.Tensor:
-    b = out.batch
-    prompt_len = b["prompts"].shape[1]
-    with torch.no_grad():
-        logits = model(
-            input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]
-        ).logits[:, prompt_len - 1 : -1]
-    return torch.log_softmax(logits, -1).gather(-1, b["responses"].unsqueeze(-1)).squeeze(-1) * b["response_mask"]
-
-
 def test_generation_contract_and_log_probs(engine, model_dir):
     out = engine.generate_sequences(prompts())
     b = out.batch
@@ -111,60 +98,19 @@ def test_a_verified_sync_then_greedy_and_log_probs_follow_the_trainer(engine, re
     sync = ColocatedCheckpointEngine(bucket_megabytes=0.2, dtype="float32")
     stats = sync.send_weights(trained.state_dict().items(), engine, verify=True)  # bucketed, verified bit for bit
     assert stats["buckets"] > 1
-    out = engine.generate_sequences(prompts(do_sample=False, n=1))
-    b = prompts(n=1).batch
-    expected = trained.generate(
-        input_ids=b["input_ids"],
-        attention_mask=b["attention_mask"],
-        do_sample=False,
-        max_new_tokens=RESPONSE_LEN,
-        eos_token_id=1,
-        pad_token_id=0,
-    )[:, PROMPT_LEN:]
-    for row in range(3):
-        length = int(out.batch["response_mask"][row].sum())
-        assert out.batch["responses"][row, :length].tolist() == expected[row, :length].tolist(), row
-    torch.testing.assert_close(out.batch["rollout_log_probs"], hf_log_probs(trained, out), rtol=0, atol=LOG_PROB_ATOL)
+    assert_greedy_follows(engine, trained, atol=LOG_PROB_ATOL)
 
 
 def test_verification_catches_a_corrupted_tensor(engine, restore_weights):
-    weights = dict(build_tiny_qwen2(seed=12).state_dict())
-    sync = ColocatedCheckpointEngine(dtype="float32")
-    real = engine.update_weights
-
-    def corrupting(named):
-        real([(n, t + 1.0 if n.endswith("layers.0.self_attn.k_proj.weight") else t) for n, t in named])
-
-    engine.update_weights = corrupting
-    try:
-        with pytest.raises(WeightSyncError, match=r"model.layers.0.self_attn.k_proj.weight"):
-            sync.send_weights(weights.items(), engine, verify=True)
-    finally:
-        del engine.update_weights
-
-
-def shared_prefix_prompts(prefix_len: int = 40, suffix_len: int = 6) -> DataProto:
-    """Four prompts whose first ``prefix_len`` tokens agree (SGLang's radix cache keeps the shared prefix)."""
-    g = torch.Generator().manual_seed(5)
-    prefix = torch.randint(3, 256, (1, prefix_len), generator=g).expand(4, -1)
-    ids = torch.cat([prefix, torch.randint(3, 256, (4, suffix_len), generator=g)], dim=1)
-    mask = torch.ones_like(ids)
-    return DataProto.from_dict(
-        {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)},
-        meta_info={"eos_token_id": 1, "pad_token_id": 0, "do_sample": False, "n": 1},
-    )
+    assert_verification_catches_a_corrupted_tensor(engine)
 
 
 def test_log_probs_after_a_sync_with_a_shared_prefix_in_the_cache(engine, model_dir, restore_weights):
     """The prefix cached under the old weights is not reused after the push. With ``_serve_invalidate`` a no-op this
     fails: all 32 log-probs off, by up to 2.6 (measured)."""
-    batch = shared_prefix_prompts()
+    batch = shared_prefix_prompts(40, 6)
     engine.generate_sequences(batch)  # caches the shared prefix under the current weights
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    g = torch.Generator().manual_seed(6)
-    with torch.no_grad():
-        for tensor in model.state_dict().values():
-            tensor.add_(0.05 * torch.randn(tensor.shape, generator=g))
+    model = perturbed(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32))
     engine.update_weights(model.state_dict().items())
     out = engine.generate_sequences(batch)
     torch.testing.assert_close(out.batch["rollout_log_probs"], hf_log_probs(model, out), rtol=0, atol=1e-4)
@@ -191,27 +137,10 @@ def test_cpu_sleep_is_a_documented_no_op_and_tp_and_lora_are_checked(engine, mod
 
 
 # ---------------------------------------------------------------------------------------------- the request API
-def token_prompt(seed: int, length: int = PROMPT_LEN) -> list[int]:
-    return torch.randint(3, 256, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def greedy(max_tokens: int) -> dict:
-    return {"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True}
-
-
-def wait_for_tokens(engine, request_id: str, count: int, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if (engine.progress(request_id) or 0) >= count:
-            return
-        time.sleep(0.005)
-    raise AssertionError(f"{request_id} did not reach {count} tokens in {timeout} s")
-
-
 def test_stopping_is_exactly_the_requests_stop_tokens(engine):
     (eos,) = engine._default_eos  # the model's EOS
     prompt = token_prompt(EOS_PROMPT_SEED)
-    free = engine.submit("free", prompt, greedy(12)).result(timeout=60)  # ignore_eos: no stop at all
+    free = engine.submit("free", prompt, sampled(12)).result(timeout=60)  # ignore_eos: no stop at all
     assert eos in free.token_ids and len(free.token_ids) == 12 and 1 not in free.token_ids
     first = free.token_ids.index(eos)
     own = engine.submit("model-eos", prompt, {"temperature": 0.0, "max_tokens": 12}).result(timeout=60)
@@ -226,16 +155,16 @@ def test_stopping_is_exactly_the_requests_stop_tokens(engine):
 def test_a_request_fills_the_whole_context(engine):
     """Prompt and response up to ``max_model_len`` tokens, never cut short by SGLang's own length limit."""
     prompt = token_prompt(6, 32)
-    out = engine.submit("full", prompt, greedy(MAX_MODEL_LEN - 32)).result(timeout=120)
+    out = engine.submit("full", prompt, sampled(MAX_MODEL_LEN - 32)).result(timeout=120)
     assert len(out.token_ids) == MAX_MODEL_LEN - 32 and out.extra_fields["finish_reason"] == "length"
 
 
 def test_a_short_request_overtakes_a_running_long_one(engine):
-    long = engine.submit("long", token_prompt(1), greedy(120))
+    long = engine.submit("long", token_prompt(1), sampled(120))
     wait_for_tokens(engine, "long", 3)
     with pytest.raises(RuntimeError, match="in flight"):
         engine.sleep()
-    short = engine.submit("short", token_prompt(2), greedy(4)).result(timeout=60)
+    short = engine.submit("short", token_prompt(2), sampled(4)).result(timeout=60)
     assert len(short.token_ids) == 4 and short.stop_reason == "completed"
     assert not long.done()  # the short one joined SGLang's running batch and left it first
     out = long.result(timeout=60)
@@ -243,7 +172,7 @@ def test_a_short_request_overtakes_a_running_long_one(engine):
 
 
 def test_abort_returns_partial_tokens_and_resume_completes_the_response(engine):
-    prompt, params = token_prompt(3), greedy(60)
+    prompt, params = token_prompt(3), sampled(60)
     reference = engine.submit("uninterrupted", prompt, params).result(timeout=60)
     future = engine.submit("resumable", prompt, params)
     wait_for_tokens(engine, "resumable", 5)
@@ -260,7 +189,7 @@ def test_abort_returns_partial_tokens_and_resume_completes_the_response(engine):
 
 def test_a_weight_load_preempts_the_running_request_and_versions_its_tokens(engine, model_dir):
     original = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
-    prompt, params = token_prompt(4), greedy(100)
+    prompt, params = token_prompt(4), sampled(100)
     reference = engine.submit("unpreempted", prompt, params).result(timeout=60)
     version = engine.weight_version
     future = engine.submit("across-update", prompt, params)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import random
-import time
 
 import pytest
 import torch
@@ -16,12 +15,23 @@ pytestmark = pytest.mark.vllm
 
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from verl.checkpoint_engine import ColocatedCheckpointEngine, WeightSyncError  # noqa: E402
-from verl.protocol import DataProto  # noqa: E402
+from tests.workers.rollout.engine_checks import (  # noqa: E402
+    PROMPT_LEN,
+    RESPONSE_LEN,
+    assert_greedy_follows,
+    assert_verification_catches_a_corrupted_tensor,
+    hf_log_probs,
+    perturbed,
+    prompts,
+    sampled,
+    shared_prefix_prompts,
+    token_prompt,
+    wait_for_tokens,
+)
+from verl.checkpoint_engine import ColocatedCheckpointEngine  # noqa: E402
 from verl.utils.tiny_model import build_tiny_qwen2, save_tiny_qwen2  # noqa: E402
 from verl.workers.rollout import get_rollout_class  # noqa: E402
 
-PROMPT_LEN, RESPONSE_LEN = 6, 8
 MAX_MODEL_LEN = 256  # room for the long requests and the prefix-cache prompts (vLLM's CPU KV block: 128 tokens)
 
 
@@ -65,46 +75,6 @@ def restore_weights(engine, model_dir):
     ColocatedCheckpointEngine(dtype="float32").send_weights(original.state_dict().items(), engine, verify=True)
 
 
-def prompts(step: int = 1, **meta) -> DataProto:
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, 256, (3, PROMPT_LEN), generator=g)
-    mask = torch.ones_like(ids)
-    mask[2, :3] = 0
-    ids[2, :3] = 0
-    return DataProto.from_dict(
-        {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)},
-        meta_info={"eos_token_id": 1, "pad_token_id": 0, "global_steps": step, "n": 2, **meta},
-    )
-
-
-def hf_log_probs(model, out: DataProto) -> torch.Tensor:
-    b = out.batch
-    prompt_len = b["prompts"].shape[1]
-    with torch.no_grad():
-        logits = model(
-            input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]
-        ).logits[:, prompt_len - 1 : -1]
-    return torch.log_softmax(logits, -1).gather(-1, b["responses"].unsqueeze(-1)).squeeze(-1) * b["response_mask"]
-
-
-def assert_greedy_follows(engine, model, atol: float) -> None:
-    """The engine's greedy responses are ``model``'s (up to EOS), and its log-probs within ``atol`` of the model's."""
-    out = engine.generate_sequences(prompts(do_sample=False, n=1))
-    b = prompts(n=1).batch
-    expected = model.generate(
-        input_ids=b["input_ids"],
-        attention_mask=b["attention_mask"],
-        do_sample=False,
-        max_new_tokens=RESPONSE_LEN,
-        eos_token_id=1,
-        pad_token_id=0,
-    )[:, PROMPT_LEN:]
-    for row in range(3):
-        length = int(out.batch["response_mask"][row].sum())
-        assert out.batch["responses"][row, :length].tolist() == expected[row, :length].tolist(), row
-    torch.testing.assert_close(out.batch["rollout_log_probs"], hf_log_probs(model, out), rtol=0, atol=atol)
-
-
 def test_generation_contract_and_log_probs(engine, model_dir):
     out = engine.generate_sequences(prompts())
     b = out.batch
@@ -133,19 +103,7 @@ def test_update_weights_then_greedy_equals_hf_and_verification_holds(engine, res
 
 
 def test_verification_catches_a_corrupted_tensor(engine, restore_weights):
-    weights = dict(build_tiny_qwen2(seed=12).state_dict())
-    sync = ColocatedCheckpointEngine(dtype="float32")
-    real = engine.update_weights
-
-    def corrupting(named):
-        real([(n, t + 1.0 if n.endswith("layers.0.self_attn.k_proj.weight") else t) for n, t in named])
-
-    engine.update_weights = corrupting
-    try:
-        with pytest.raises(WeightSyncError, match=r"model.layers.0.self_attn.k_proj.weight"):
-            sync.send_weights(weights.items(), engine, verify=True)
-    finally:
-        del engine.update_weights
+    assert_verification_catches_a_corrupted_tensor(engine)
 
 
 def test_cpu_sleep_is_a_documented_no_op_and_tp_is_checked(engine, model_dir):
@@ -158,27 +116,6 @@ def test_cpu_sleep_is_a_documented_no_op_and_tp_is_checked(engine, model_dir):
 
 
 # ---------------------------------------------------------------------------------------------- the request API
-def token_prompt(seed: int, length: int = PROMPT_LEN) -> list[int]:
-    return torch.randint(3, 256, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def sampled(max_tokens: int, seed: int | None = None) -> dict:
-    """Seeded sampling (greedy when ``seed`` is None), never stopping early."""
-    if seed is None:
-        return {"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True}
-    return {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "seed": seed, "max_tokens": max_tokens, "ignore_eos": True}
-
-
-def wait_for_tokens(engine, request_id: str, count: int, timeout: float = 60.0) -> None:
-    """Until the request in flight has generated ``count`` tokens."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if (engine.progress(request_id) or 0) >= count:
-            return
-        time.sleep(0.005)
-    raise AssertionError(f"{request_id} did not reach {count} tokens in {timeout} s")
-
-
 def generated(engine, request_id: str) -> int:
     return engine.progress(request_id) or 0
 
@@ -249,29 +186,13 @@ def test_a_weight_load_preempts_the_running_request_and_versions_its_tokens(engi
     assert out.token_ids == reference.token_ids
 
 
-def shared_prefix_prompts(prefix_len: int = 140, suffix_len: int = 10) -> DataProto:
-    """Four prompts whose first ``prefix_len`` tokens agree (more than one 128-token KV block of vLLM on CPU)."""
-    g = torch.Generator().manual_seed(5)
-    prefix = torch.randint(3, 256, (1, prefix_len), generator=g).expand(4, -1)
-    ids = torch.cat([prefix, torch.randint(3, 256, (4, suffix_len), generator=g)], dim=1)
-    mask = torch.ones_like(ids)
-    return DataProto.from_dict(
-        {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)},
-        meta_info={"eos_token_id": 1, "pad_token_id": 0, "do_sample": False, "n": 1},
-    )
-
-
 def test_a_weight_load_drops_the_prefix_cache(engine, model_dir, restore_weights):
     """With ``_serve_invalidate`` a no-op this fails: all 32 log-probs off, by up to 2.4."""
     block = engine.llm.llm_engine.vllm_config.cache_config.block_size
-    batch = shared_prefix_prompts()
+    batch = shared_prefix_prompts(140)  # more than one 128-token KV block of vLLM on CPU
     assert batch.batch["input_ids"].shape[1] - 10 >= block  # the shared prefix fills a cached block
     engine.generate_sequences(batch)  # caches the shared block under the current weights
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    g = torch.Generator().manual_seed(6)
-    with torch.no_grad():
-        for tensor in model.state_dict().values():
-            tensor.add_(0.05 * torch.randn(tensor.shape, generator=g))
+    model = perturbed(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32))
     engine.update_weights(model.state_dict().items())
     out = engine.generate_sequences(batch)
     # KV of the old weights would make these log-probs those of neither model

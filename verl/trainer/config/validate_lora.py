@@ -33,7 +33,7 @@ def check_lora(config: Any, problems: list[str], check_environment: bool, base: 
                 "runs in the actor's engine with its adapters disabled",
                 ",".join(changed),
             )
-    if rank and config.actor_rollout_ref.rollout.get("name") == "sglang":
+    if rank and OmegaConf.select(config, "actor_rollout_ref.rollout.name") == "sglang":
         problems.append(
             f"{_MODEL}.lora_rank={rank} with actor_rollout_ref.rollout.name='sglang': the SGLang engine does not serve "
             "LoRA adapters in this build; use rollout.name=vllm or hf"
