@@ -44,6 +44,7 @@ AWAY: dict[str, Any] = {
     "actor_rollout_ref.rollout.load_format": "auto",
     "actor_rollout_ref.rollout.cudagraph_capture_sizes": [1, 2, 4],
     "actor_rollout_ref.rollout.scheduling_policy": "priority",
+    "actor_rollout_ref.rollout.logprobs_mode": "raw_logprobs",
     "actor_rollout_ref.rollout.log_prob_micro_batch_size": 8,
     "actor_rollout_ref.rollout.quantization": "fp8",
     "actor_rollout_ref.rollout.quantization_config_file": "/tmp/quant.json",

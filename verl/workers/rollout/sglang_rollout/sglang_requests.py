@@ -121,7 +121,6 @@ class SGLangRequests:
         self.engine = engine
         self.loop = loop
         self.deterministic = deterministic
-        self.lora_path: str | None = None  # the adapter every added request is served with (None: base weights)
         self._events: queue.Queue[tuple[str, list[int], list[float], str | None, Any]] = queue.Queue()
         self._requests: dict[str, RequestState] = {}  # engine id -> request
         self._engine_ids: dict[str, str] = {}  # request id -> engine id
@@ -150,7 +149,6 @@ class SGLangRequests:
             return_logprob=True,
             logprob_start_len=0 if asked is not None else -1,
             top_logprobs_num=asked or 0,
-            lora_path=self.lora_path,
             stream=True,
             rid=engine_id,
         )

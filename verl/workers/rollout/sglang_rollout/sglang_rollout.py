@@ -45,7 +45,7 @@ from verl.workers.config.rollout import RolloutConfig
 from verl.workers.rollout.base import BaseRollout, register_rollout
 from verl.workers.rollout.fused_weights import unfuse
 from verl.workers.rollout.request import as_id_list
-from verl.workers.rollout.serving import RequestState, SamplingSpec
+from verl.workers.rollout.serving import RequestState
 from verl.workers.rollout.sglang_rollout.sglang_requests import EngineLoop, SGLangRequests
 
 __all__ = ["SGLangRollout", "sglang_engine_kwargs"]
@@ -292,10 +292,6 @@ class SGLangRollout(BaseRollout):
     def _check_ready(self) -> None:
         if self._asleep:
             raise RuntimeError("SGLangRollout is asleep; call wake_up() before generating")
-
-    def _check_request(self, request_id: str, spec: SamplingSpec) -> None:
-        if spec.seed is not None and not spec.greedy and not self.deterministic:
-            logger.debug("SGLangRollout: request %s's seed is not honoured without deterministic inference", request_id)
 
     def _serve_admit(self, requests: list[RequestState]) -> None:
         self._requests.add(requests)
