@@ -16,25 +16,25 @@ VENV="${VERL_VENV:-.venv}"
 VLLM_VENV="${VERL_VLLM_VENV:-.venv-vllm}"
 SGLANG_VENV="${VERL_SGLANG_VENV:-.venv-sglang}"
 
-build_venv() {  # build_venv DIR EXTRAS
+start_venv() {  # start_venv DIR: the venv with pip and the CPU torch
   if [ ! -x "$1/bin/python" ]; then
     "$PYTHON" -m venv "$1"
   fi
   # torch first and pinned: an open torch range would pull a multi-GB CUDA build on CPU machines.
   "$1/bin/python" -m pip install -q --upgrade pip
   "$1/bin/python" -m pip install -q torch==2.13.0
+}
+
+build_venv() {  # build_venv DIR EXTRAS
+  start_venv "$1"
   "$1/bin/python" -m pip install -q -e ".[$2]"
 }
 
 build_sglang_venv() {  # build_sglang_venv DIR: sglang's wheel pins a CUDA torch; on CPU it goes in without deps
-  if [ ! -x "$1/bin/python" ]; then
-    "$PYTHON" -m venv "$1"
-  fi
+  start_venv "$1"
   local constraint
   constraint="$(mktemp)"
   echo "torch==2.13.0" > "$constraint"
-  "$1/bin/python" -m pip install -q --upgrade pip
-  "$1/bin/python" -m pip install -q torch==2.13.0
   "$1/bin/python" -m pip install -q -r requirements/sglang-cpu.txt -c "$constraint"
   "$1/bin/python" -m pip install -q --no-deps sglang==0.5.23
   "$1/bin/python" -m pip install -q -e ".[test]" -c "$constraint"

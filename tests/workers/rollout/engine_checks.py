@@ -11,8 +11,44 @@ import torch
 from verl.checkpoint_engine import ColocatedCheckpointEngine, WeightSyncError
 from verl.protocol import DataProto
 from verl.utils.tiny_model import build_tiny_qwen2
+from verl.workers.rollout import get_rollout_class
 
 PROMPT_LEN, RESPONSE_LEN = 6, 8
+
+
+def start_engine(name: str, model_dir: str, max_model_len: int):
+    """The engine ``name`` (float32, the model's own weights, seed 7) over ``model_dir``; starting it must not disturb
+    the trainer's RNG stream nor its thread settings."""
+    torch.manual_seed(1234)
+    threads = torch.get_num_threads()
+    before = torch.rand(3)
+    torch.manual_seed(1234)
+    rollout = get_rollout_class(name)(
+        config={
+            "name": name,
+            "dtype": "float32",
+            "tensor_model_parallel_size": 1,
+            "prompt_length": PROMPT_LEN,
+            "response_length": RESPONSE_LEN,
+            "max_model_len": max_model_len,
+            "load_format": "auto",
+            "seed": 7,
+        },
+        model_path=model_dir,
+    )
+    assert torch.equal(torch.rand(3), before)
+    assert torch.get_num_threads() == threads
+    torch.set_num_threads(threads)  # and set_num_threads is a real function again
+    return rollout
+
+
+def load_model_back(engine, model_dir: str) -> None:
+    """Sync the model on disk into ``engine`` (verified): after a test that loaded other weights into a shared engine,
+    the tests that compare with the model pass in any order."""
+    from transformers import AutoModelForCausalLM
+
+    original = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    ColocatedCheckpointEngine(dtype="float32").send_weights(original.state_dict().items(), engine, verify=True)
 
 
 def prompts(step: int = 1, **meta) -> DataProto:

@@ -20,10 +20,12 @@ from tests.workers.rollout.engine_checks import (  # noqa: E402
     assert_greedy_follows,
     assert_verification_catches_a_corrupted_tensor,
     hf_log_probs,
+    load_model_back,
     perturbed,
     prompts,
     sampled,
     shared_prefix_prompts,
+    start_engine,
     token_prompt,
     wait_for_tokens,
 )
@@ -51,26 +53,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(model_dir):
-    torch.manual_seed(1234)
-    threads = torch.get_num_threads()
-    before = torch.rand(3)
-    torch.manual_seed(1234)
-    rollout = get_rollout_class("sglang")(
-        config={
-            "name": "sglang",
-            "dtype": "float32",
-            "tensor_model_parallel_size": 1,
-            "prompt_length": PROMPT_LEN,
-            "response_length": RESPONSE_LEN,
-            "max_model_len": MAX_MODEL_LEN,
-            "load_format": "auto",
-            "seed": 7,
-        },
-        model_path=model_dir,
-    )
-    # starting the engine must not disturb the trainer's RNG stream nor its thread settings
-    assert torch.equal(torch.rand(3), before)
-    assert torch.get_num_threads() == threads
+    rollout = start_engine("sglang", model_dir, MAX_MODEL_LEN)
     yield rollout
     rollout.close()
 
@@ -79,8 +62,7 @@ def engine(model_dir):
 def restore_weights(engine, model_dir):
     """For a test that loads other weights into the shared engine: the model on disk is loaded back afterwards."""
     yield
-    original = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    ColocatedCheckpointEngine(dtype="float32").send_weights(original.state_dict().items(), engine, verify=True)
+    load_model_back(engine, model_dir)
 
 
 def test_generation_contract_and_log_probs(engine, model_dir):

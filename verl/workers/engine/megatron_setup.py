@@ -111,12 +111,7 @@ def init_model_parallel(cfg: McoreEngineConfig) -> None:
                 f"tp={tp}, pp={pp} (every role of a worker group shares one layout)"
             )
         return
-    world = dist.get_world_size()
-    if world % (tp * pp):
-        raise ValueError(
-            f"megatron engine: {world} ranks do not split into tensor_model_parallel_size={tp} × "
-            f"pipeline_model_parallel_size={pp}"
-        )
+    megatron_rank_layout(dist.get_rank(), dist.get_world_size(), tp, pp)  # the ranks split into tp × pp
     mpu.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
 
 

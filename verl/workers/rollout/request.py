@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,7 @@ __all__ = [
     "as_token_ids",
     "assemble_output",
     "plan_generation",
+    "prompt_logprob_rows",
     "read_prompts",
     "sample_seed",
     "sequence_tensors",
@@ -283,3 +285,27 @@ def gather_output(prompts: DataProto, plan: GenerationPlan, outputs: list[Any]) 
     ranges[:] = [[list(run) for run in output.weight_version_ranges()] for output in outputs]
     out.non_tensor_batch["weight_version_ranges"] = ranges
     return out
+
+
+def prompt_logprob_rows(
+    prompt_ids: list[int],
+    k: int,
+    own: Callable[[int], float],
+    candidates: Callable[[int], Iterable[tuple[int, float]]],
+) -> tuple[list[list[int]], list[list[float]]]:
+    """veRL's ``prompt_ids`` / ``prompt_logprobs`` fields from a server engine's per-position prompt log-probs: one row
+    per prompt token, row i about token i given the tokens before it. ``k = 0``: ``[token i]`` and ``own(i)``, its
+    log-prob; ``k > 0``: the ``k`` most likely of ``candidates(i)`` (``(token, log-prob)`` pairs), most likely first.
+    Row 0 (nothing before it) is zeros (``[token 0]`` and 0.0 for ``k = 0``)."""
+    width = max(k, 1)
+    ids: list[list[int]] = [[prompt_ids[0]] if k == 0 else [0] * width]
+    values: list[list[float]] = [[0.0] * width]
+    for position in range(1, len(prompt_ids)):
+        if k == 0:
+            ids.append([prompt_ids[position]])
+            values.append([float(own(position))])
+            continue
+        best = sorted(candidates(position), key=lambda pair: -pair[1])[:k]
+        ids.append([int(token) for token, _ in best])
+        values.append([float(value) for _, value in best])
+    return ids, values

@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Coroutine
 from typing import Any
 
+from verl.workers.rollout.request import prompt_logprob_rows
 from verl.workers.rollout.serving import RequestState, SamplingSpec
 
 __all__ = ["EngineLoop", "SGLangRequests", "sglang_sampling_params"]
@@ -89,23 +90,16 @@ class EngineLoop:
 def prompt_logprob_fields(
     meta: dict[str, Any], prompt_ids: list[int], k: int
 ) -> tuple[list[list[int]], list[list[float]]]:
-    """SGLang's ``input_token_logprobs`` / ``input_top_logprobs`` (one entry per prompt position, the first without
-    a value) as our ``prompt_ids`` / ``prompt_logprobs`` fields: ``k = 0`` each token's own log-prob, ``k > 0`` the
-    top-k most likely first; row 0 zeros."""
-    width = max(k, 1)
-    ids: list[list[int]] = [[prompt_ids[0]] if k == 0 else [0] * width]
-    values: list[list[float]] = [[0.0] * width]
-    own = meta.get("input_token_logprobs") or []
-    top = meta.get("input_top_logprobs") or []
-    for position in range(1, len(prompt_ids)):
-        if k == 0:
-            ids.append([prompt_ids[position]])
-            values.append([float(own[position][0])])
-            continue
-        entries = sorted(top[position], key=lambda entry: -entry[0])[:k]
-        ids.append([int(entry[1]) for entry in entries])
-        values.append([float(entry[0]) for entry in entries])
-    return ids, values
+    """SGLang's ``input_token_logprobs`` / ``input_top_logprobs`` (one ``(log-prob, token, text)`` entry, or a list of
+    them, per prompt position; the first without a value) as our ``prompt_ids`` / ``prompt_logprobs`` fields
+    (:func:`~verl.workers.rollout.request.prompt_logprob_rows`)."""
+    own, top = meta.get("input_token_logprobs") or [], meta.get("input_top_logprobs") or []
+    return prompt_logprob_rows(
+        prompt_ids,
+        k,
+        own=lambda position: own[position][0],
+        candidates=lambda position: ((entry[1], entry[0]) for entry in top[position]),
+    )
 
 
 class SGLangRequests:
@@ -124,9 +118,6 @@ class SGLangRequests:
         self._events: queue.Queue[tuple[str, list[int], list[float], str | None, Any]] = queue.Queue()
         self._requests: dict[str, RequestState] = {}  # engine id -> request
         self._engine_ids: dict[str, str] = {}  # request id -> engine id
-
-    def __len__(self) -> int:
-        return len(self._requests)
 
     def add(self, requests: list[RequestState]) -> None:
         """Start ``requests``: prefill of the prompt plus the tokens generated so far, ``max_new_tokens`` what is

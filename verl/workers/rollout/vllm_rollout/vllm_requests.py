@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from verl.workers.rollout.request import prompt_logprob_rows
 from verl.workers.rollout.serving import RequestState, SamplingSpec
 
 __all__ = ["EngineRequests", "StreamSeeker", "vllm_sampling_params"]
@@ -69,21 +70,13 @@ def prompt_logprob_fields(
 ) -> tuple[list[list[int]], list[list[float]]]:
     """vLLM's ``prompt_logprobs`` (one entry per context position: None for the first, else ``{token id:
     Logprob}`` holding the top-k and the position's own token) as our ``prompt_ids`` / ``prompt_logprobs`` fields
-    over the prompt's positions: ``k = 0`` each token's own log-prob, ``k > 0`` the top-k most likely first; row 0
-    zeros."""
-    width = max(k, 1)
-    ids: list[list[int]] = [[prompt_ids[0]] if k == 0 else [0] * width]
-    values: list[list[float]] = [[0.0] * width]
-    for position in range(1, len(prompt_ids)):
-        entry = entries[position]
-        if k == 0:
-            ids.append([prompt_ids[position]])
-            values.append([float(entry[prompt_ids[position]].logprob)])
-            continue
-        top = sorted(entry.items(), key=lambda item: -item[1].logprob)[:k]
-        ids.append([int(token) for token, _ in top])
-        values.append([float(logprob.logprob) for _, logprob in top])
-    return ids, values
+    (:func:`~verl.workers.rollout.request.prompt_logprob_rows`)."""
+    return prompt_logprob_rows(
+        prompt_ids,
+        k,
+        own=lambda position: entries[position][prompt_ids[position]].logprob,
+        candidates=lambda position: ((token, lp.logprob) for token, lp in entries[position].items()),
+    )
 
 
 def _draw_function(runner: Any) -> Callable[[torch.Generator, int], None] | None:
