@@ -12,6 +12,7 @@ import pytest
 import ray
 import torch
 
+from tests.ray_utils import wait_until_up
 from verl.checkpoint_engine import WeightSyncError, get_checkpoint_engine, tensor_digest
 from verl.checkpoint_engine.collective import (
     BroadcastReceiver,
@@ -28,10 +29,7 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 BUCKET_MB = 0.1  # several buckets for the tiny model
 REPLICAS = 2
 CORRUPTED = "model.layers.1.mlp.up_proj.weight"
-# the replicas start at the suite's busiest moment (its first Ray tests beside the first three CLI runs): their
-# start may take minutes there, and counts against the first test; a readiness deadline under the test's names them
-READY_TIMEOUT_S = 480
-pytestmark = pytest.mark.timeout(600)
+pytestmark = pytest.mark.timeout(600)  # the replicas' start counts against the first test (tests/ray_utils.py)
 
 
 @ray.remote(num_cpus=0)
@@ -81,19 +79,6 @@ class Replica:
 
     def digests(self) -> dict[str, str]:
         return {name: tensor_digest(t) for name, t in self.rollout.named_weights()}
-
-
-def wait_until_up(replicas, timeout_s: float = READY_TIMEOUT_S) -> None:
-    """Wait for the replicas' constructors; past ``timeout_s`` fail with Ray's own view of them (its state, its pid)
-    instead of a bare pytest timeout."""
-    ready, _ = ray.wait([r.__ray_ready__.remote() for r in replicas], num_returns=len(replicas), timeout=timeout_s)
-    if len(ready) < len(replicas):
-        from ray._private import state  # the GCS's actor table: works without the dashboard
-
-        ids = {r._actor_id.hex() for r in replicas}
-        seen = {k: (v["State"], v.get("Pid"), v.get("DeathCause")) for k, v in state.actors().items() if k in ids}
-        pytest.fail(f"{len(ready)} of {len(replicas)} replicas up after {timeout_s:.0f} s; Ray's view: {seen}")
-    ray.get(ready)  # a constructor that raised raises here
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import pytest
 import ray
 import torch
 
+from tests.ray_utils import wait_until_up
 from verl.checkpoint_engine import WeightSyncError, get_checkpoint_engine, tensor_digest
 from verl.checkpoint_engine.shm import (
     SharedWeightBuffer,
@@ -23,6 +24,7 @@ from verl.utils.tiny_model import build_tiny_qwen2
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 BUCKET_MB = 0.1  # the tiny model spans several buckets (its largest tensor, the embedding, is 64 KiB in bf16)
+pytestmark = pytest.mark.timeout(600)  # the engine process's start counts against the first test (tests/ray_utils.py)
 
 
 @ray.remote(num_cpus=0)
@@ -53,6 +55,7 @@ class RolloutProcess:
 @pytest.fixture(scope="module")
 def engine_process(ray_cluster, tiny_model_dir):
     actor = RolloutProcess.remote(tiny_model_dir)
+    wait_until_up([actor])
     yield actor
     ray.kill(actor)
 
