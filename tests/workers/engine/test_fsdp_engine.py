@@ -162,8 +162,14 @@ def _two_rank_checks(rank: int, model_dir: str, tied_dir: str, out: str) -> None
     critic.save_checkpoint(os.path.join(out, "critic_ckpt"))
     del critic
 
-    # bf16 mixed precision over float32 weights.
+    # bf16 mixed precision over float32 weights (on a CPU without native bf16, faked here, start-up says it is slow).
+    from verl.utils import device as device_utils
+
+    device_utils.cpu_has_native_bf16 = lambda: False
+    device_records = _Records()
+    logging.getLogger("verl.utils.device").addHandler(device_records)
     mixed = FSDPEngine(model_dir, _engine_config(dtype="bfloat16"), _optim_config())
+    r["bf16_emulated_warnings"] = [m for m in device_records.messages if "fsdp_config.dtype" in m]
     with mixed.eval_mode():
         r["bf16_logits_dtype"] = mixed.module(input_ids=ids).logits.dtype
         r["bf16_loss"] = _lm_loss(mixed.module, ids).item()
@@ -442,6 +448,7 @@ def test_bf16_mixed_precision_runs(dist_run, reference):
         assert r["bf16_loss"] != reference["half_losses"][rank]
         assert r["bf16_logits_dtype"] == torch.bfloat16 and r["bf16_param_dtypes"] == {torch.float32}
         assert math.isfinite(r["bf16_norm"]) and r["bf16_norm"] == pytest.approx(reference["grad_norm"], rel=0.05)
+        assert len(r["bf16_emulated_warnings"]) == 1  # one start-up warning naming the key
 
 
 def test_forward_only_engine(dist_run):

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from verl.base_config import omega_conf_to_dataclass
-from verl.utils.device import get_device_name, get_torch_device
+from verl.utils.device import get_device_name, get_torch_device, warn_if_bf16_is_emulated
 from verl.utils.torch_dtypes import to_torch_dtype
 from verl.workers.config.engine import FSDPEngineConfig
 from verl.workers.config.optimizer import FSDPOptimizerConfig
@@ -50,7 +50,13 @@ from verl.workers.engine.lora import (
 from verl.workers.engine.lr_schedule import build_lr_scheduler
 from verl.workers.engine.optim import build_optimizer, clip_grad_norm_and_step
 from verl.workers.engine.registry import register_engine
-from verl.workers.engine.sharding import apply_fsdp2, build_device_mesh, plain_module, reshard_all
+from verl.workers.engine.sharding import (
+    apply_fsdp2,
+    build_device_mesh,
+    mixed_precision_policy,
+    plain_module,
+    reshard_all,
+)
 
 __all__ = ["FSDPEngine"]
 
@@ -163,6 +169,9 @@ class FSDPEngine:
             apply_fsdp2(model, self.device_mesh, cfg) if self.sharded else plain_module(model, self.device, cfg)
         )
         self.module.train(not self.forward_only)
+        policy = mixed_precision_policy(cfg)
+        compute = policy.param_dtype if policy is not None else to_torch_dtype(cfg.model_dtype)
+        warn_if_bf16_is_emulated(compute, self.device, "the training engine (fsdp_config.dtype)")
 
         self.optimizer: torch.optim.Optimizer | None = None
         self.lr_scheduler: torch.optim.lr_scheduler.LambdaLR | None = None

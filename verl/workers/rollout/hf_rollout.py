@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
+from verl.utils.device import warn_if_bf16_is_emulated
 from verl.utils.torch_dtypes import to_torch_dtype
 from verl.workers.config.rollout import RolloutConfig
 from verl.workers.rollout.base import BaseRollout, register_rollout
@@ -141,6 +142,7 @@ class HFRollout(BaseRollout):
         cfg = self.config
         self._init_serving(cfg.max_num_seqs, cfg.max_model_len or cfg.prompt_length + cfg.response_length)
         logger.info("HFRollout: %s on %s (%s)", self.model_path, self.device, self.dtype)
+        warn_if_bf16_is_emulated(self.dtype, self.device, "the hf rollout engine (rollout.dtype)")
 
     # ------------------------------------------------------------------ memory and weights
     def memory_bytes(self) -> int:
