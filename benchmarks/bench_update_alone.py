@@ -1,6 +1,6 @@
 """The actor update inside a run against the same update alone, on ``bench_vs_trl``'s workloads.
 
-    python benchmarks/bench_update_alone.py [--workloads smollm2] [--dtypes fp32] [--updates 4]
+    python benchmarks/bench_update_alone.py [--workloads smollm2] [--dtypes fp32] [--updates 4] [--steps N]
 
 - **in a run**: ``main_ppo`` on the workload (``bench_vs_trl.py``'s settings, its memory sampler on); the figure is
   the worker's own ``perf/update_actor_seconds`` of the steps after the warm-up.
@@ -108,12 +108,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", nargs="+", default=["smollm2"], choices=list(bench_vs_trl.WORKLOADS))
     parser.add_argument("--dtypes", nargs="+", default=["fp32"], choices=["fp32", "bf16"])
-    parser.add_argument("--updates", type=int, default=4)
+    parser.add_argument("--updates", type=int, default=4, help="updates of the worker alone (the first a warm-up)")
+    parser.add_argument("--steps", type=int, default=None, help="steps of the run (default: the workload's)")
     args = parser.parse_args()
     rows_out = []
     with tempfile.TemporaryDirectory(prefix="bench_update_alone-") as tmp:
         for name in args.workloads:
-            prepared = bench_vs_trl.prepare_workload(name, tmp)
+            prepared = bench_vs_trl.prepare_workload(name, tmp, args.steps)
             if prepared is None:
                 continue
             spec, model, train_file, rows = prepared

