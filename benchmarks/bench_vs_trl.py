@@ -3,7 +3,7 @@
     bash benchmarks/setup_trl_venv.sh                   # once: TRL in .venv-trl (never our dependency)
     python benchmarks/bench_vs_trl.py [--workloads tiny smollm2] [--dtypes fp32 bf16] [--trl-python PATH]
         [--sides trl ours ours-noskip ours-colocate_async ours-separate_async] [--rewards score exact]
-        [--engine hf|vllm]
+        [--engine hf|vllm] [--threads N]
 
 Each side trains GRPO on the built-in arithmetic task (the same prompts in the same order, the same reward file)
 from the same model folder: no KL (``beta=0``), one update per generation batch (one mini-batch, one micro-batch,
@@ -170,13 +170,20 @@ def run_ours(
 
 
 def run_trl(
-    python: str, work: str, spec: dict, model: str, rows: list[dict], dtype: str, reward: str = "score"
+    python: str,
+    work: str,
+    spec: dict,
+    model: str,
+    rows: list[dict],
+    dtype: str,
+    reward: str = "score",
+    threads: int = THREADS,
 ) -> dict:
     data = os.path.join(work, "prompts.jsonl")
     with open(data, "w", encoding="utf-8") as f:
         for row in rows:
             f.write(json.dumps({"prompt": row["prompt"], "ground_truth": row["reward_model"]["ground_truth"]}) + "\n")
-    trl_spec = dict(spec, model=model, data=data, dtype=dtype, lr=LR, seed=SEED, threads=THREADS)
+    trl_spec = dict(spec, model=model, data=data, dtype=dtype, lr=LR, seed=SEED, threads=threads)
     trl_spec["output_dir"] = os.path.join(work, "trl_out")
     trl_spec["reward_file"] = REWARD_FILES[reward]
     spec_path, out_path = os.path.join(work, "spec.json"), os.path.join(work, "trl.json")
@@ -234,7 +241,7 @@ def run_side(args: argparse.Namespace, side: str, reward: str, work: str, prepar
     """One run of ``side`` on a prepared workload."""
     spec, model, train_file, used = prepared
     if side == "trl":
-        return run_trl(args.trl_python, work, spec, model, used, dtype, reward)
+        return run_trl(args.trl_python, work, spec, model, used, dtype, reward, args.threads or THREADS)
     python = args.vllm_python if args.engine == "vllm" else sys.executable
     extra = {"trainer.mode": MODES[side]} if side in MODES else None  # lag 1, the modes' default
     return run_ours(work, spec, model, train_file, dtype, side != "ours-noskip", reward, args.engine, python, extra)
@@ -268,7 +275,16 @@ def main() -> None:
         choices=SIDES,
         help="ours-noskip: ours with actor.skip_zero_advantage_samples=false; ours-<mode>: trainer.mode=<mode>",
     )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help=f"compute threads of both sides (TRL's process; OMP_NUM_THREADS of ours). Default: TRL {THREADS}, ours "
+        "main_ppo's own split of the cores",
+    )
     args = parser.parse_args()
+    if args.threads:
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)  # our runs inherit it; main_ppo keeps a value that is set
     sides = list(args.sides)
     if "trl" in sides and not os.path.exists(args.trl_python):
         print(f"TRL skipped: no {args.trl_python} (bash benchmarks/setup_trl_venv.sh)", flush=True)
