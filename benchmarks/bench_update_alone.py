@@ -10,7 +10,8 @@
   prompts through the chat template, left-padded; full-length responses; advantages of ±1, so nothing is skipped),
   the first update a warm-up.
 
-Printed: the median seconds of each, and in-run / alone. The two are comparable where the run skips no sample
+Printed: the median seconds of each, in-run / alone, and the alone call's own cost (the driver's wall time of
+``update_actor`` above the worker's). The two are comparable where the run skips no sample
 (SmolLM2 with the shaped reward: 0% skipped); the tiny model's run skips ~70% of its samples' gradient pass, the
 alone batch none, so ``tiny`` only shows the call's cost.
 """
@@ -119,16 +120,27 @@ def main() -> None:
                 continue
             spec, model, train_file, rows = prepared
             for dtype in args.dtypes:
-                alone = run_alone(spec, model, train_file, dtype, rows, args.updates)[0][1:]  # after a warm-up
+                seconds, calls = run_alone(spec, model, train_file, dtype, rows, args.updates)
+                alone = seconds[1:]  # after a warm-up
+                # the call's own cost: the driver's wall time of update_actor above the worker's time
+                call_ms = 1000 * statistics.median(c - s for c, s in zip(calls[1:], alone))
                 work = tempfile.mkdtemp(dir=tmp, prefix=f"{name}-{dtype}-")
                 run = bench_vs_trl.run_ours(work, spec, model, train_file, dtype)
                 in_run = [s["perf/update_actor_seconds"] for s in run["steps"]]
-                rows_out.append((name, dtype, statistics.median(in_run), statistics.median(alone), run["sampler_cpu"]))
+                rows_out.append(
+                    (name, dtype, statistics.median(in_run), statistics.median(alone), call_ms, run["sampler_cpu"])
+                )
                 print(f"{name} {dtype}: in a run {in_run}, alone {alone}", flush=True)
-    print("\n| workload | dtype | update in a run (s) | update alone (s) | in a run / alone | memory sampler CPU |")
-    print("|---|---|---:|---:|---:|---:|")
-    for name, dtype, in_run, alone, sampler in rows_out:
-        print(f"| {name} | {dtype} | {in_run:.3f} | {alone:.3f} | {in_run / alone:.2f} | {sampler:.1%} |")
+    print(
+        "\n| workload | dtype | update in a run (s) | update alone (s) | in a run / alone | the alone call's own cost |"
+        " memory sampler CPU |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for name, dtype, in_run, alone, call_ms, sampler in rows_out:
+        print(
+            f"| {name} | {dtype} | {in_run:.3f} | {alone:.3f} | {in_run / alone:.2f} | {call_ms:.1f} ms | "
+            f"{sampler:.1%} |"
+        )
 
 
 if __name__ == "__main__":

@@ -303,7 +303,14 @@ def main() -> None:
                             continue
                         work = tempfile.mkdtemp(dir=tmp, prefix=f"{name}-{dtype}-{reward}-{side}-")
                         result = run_side(args, side, reward, work, prepared, dtype)
-                        results.append({"workload": name, "dtype": dtype, "reward": reward, "side": side, **result})
+                        run = {
+                            "workload": name,
+                            "dtype": dtype,
+                            "reward": reward,
+                            "side": side,
+                            "run": f"{reward} {side}",
+                        }
+                        results.append({**run, **result})
                         print(f"{name} {dtype} {reward} {side}: {result['step_s']:.3f} s/step", flush=True)
     print(f"\nour rollout engine: {args.engine}")
     print_report(results)
@@ -343,7 +350,7 @@ def print_report(results: list[dict]) -> None:
                 f"| {r['workload']} | {r['dtype']} | {r['reward']} | {r['side']} | {cells} | "
                 f"{r['update_overhead_s'] * 1000:.1f} ms | {outside} |"
             )
-    print_per_process(results, "side")
+    print_per_process(results, "run")
 
 
 def print_per_process(results: list[dict], label_key: str) -> None:

@@ -84,7 +84,7 @@ class TreeMemory:
     def __init__(self, root: int, interval_s: float = 0.2, max_share: float = 0.02):
         self.root, self.interval_s, self.max_share = root, interval_s, max_share
         self.peak_mib = 0.0
-        self.cpu_s, self.wall_s, self.samples = 0.0, 0.0, 0
+        self.cpu_s, self.wall_s = 0.0, 0.0
         self._per_pid: dict[int, tuple[str, float]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -125,7 +125,7 @@ class TreeMemory:
             cpu = time.thread_time()
             self.sample()
             cost = time.thread_time() - cpu
-            self.cpu_s, self.samples = self.cpu_s + cost, self.samples + 1
+            self.cpu_s += cost
             self._stop.wait(max(self.interval_s, cost / self.max_share - cost))
         self.wall_s = time.perf_counter() - start
 
