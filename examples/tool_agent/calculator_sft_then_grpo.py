@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("--val-prompts", type=int, default=32)
     args, extra = parser.parse_known_args()
 
-    from verl.utils.demo_tools import ensure_tool_demo_assets
+    from verl.utils.demo_tools import ensure_tool_demo_assets, tool_grpo_overrides
 
     assets = ensure_tool_demo_assets(args.cache_dir)
     work = args.workdir.resolve()
@@ -58,38 +58,23 @@ def main() -> None:
         f"trainer.default_local_dir={sft / 'ckpt'}",
         "trainer.logger=[console,file]",
     )
+    model = sft / "ckpt" / f"global_step_{args.sft_steps}" / "huggingface"
     run_module(
         "verl.trainer.main_ppo",
         rl,
         rl / "metrics.jsonl",
-        f"actor_rollout_ref.model.path={sft / 'ckpt' / f'global_step_{args.sft_steps}' / 'huggingface'}",
-        f"data.train_files={assets.train_files}",
-        f"data.val_files={assets.val_files}",
-        f"data.val_max_samples={args.val_prompts}",
-        "data.train_batch_size=16",
-        "data.max_prompt_length=32",
-        "data.max_response_length=48",
-        "algorithm.adv_estimator=grpo",
-        "actor_rollout_ref.rollout.name=hf",
-        "actor_rollout_ref.rollout.n=4",
-        "actor_rollout_ref.rollout.dtype=float32",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=64",
+        *tool_grpo_overrides(
+            model,
+            assets.train_files,
+            assets.val_files,
+            rl,
+            steps=args.rl_steps,
+            lr=args.rl_lr,
+            val_prompts=args.val_prompts,
+        ),
         "actor_rollout_ref.rollout.multi_turn.enable=true",
         f"actor_rollout_ref.rollout.multi_turn.tool_config_path={assets.tool_config_path}",
         "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=16",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64",
-        f"actor_rollout_ref.actor.optim.lr={args.rl_lr}",
-        "actor_rollout_ref.actor.fsdp_config.dtype=float32",
-        "trainer.n_gpus_per_node=1",
-        "trainer.nnodes=1",
-        f"trainer.total_training_steps={args.rl_steps}",
-        "trainer.val_before_train=true",
-        f"trainer.test_freq={args.rl_steps}",
-        "trainer.save_freq=-1",
-        f"trainer.default_local_dir={rl / 'ckpt'}",
-        "trainer.logger=[console,file]",
         *extra,
     )
     for step, data in read_metrics(rl / "metrics.jsonl"):

@@ -6,6 +6,9 @@ back into the conversation (masked out of the loss; ``test_tool_agent_loop.py`` 
 Measured with this script (60 SFT steps, 30 GRPO steps): the training score's mean over the last 10 steps is 0.065
 above the first 10 steps' at lr 3e-4, and 0.007 above at lr 0 (the same run without learning), and the malformed calls
 fall from 11.6 to 7.4 per step (11.3 → 11.8 at lr 0); the test asks for half of that gain.
+
+``gateway_training`` runs the same GRPO from the same SFT checkpoint with the conversations driven by an unmodified
+openai-client agent (``examples/agent_gateway/calculator_agent.py``) through the agent gateway.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from tests.cli_runs import Prepared, cli_run, needs
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "tool_agent" / "calculator_sft_then_grpo.py"
+GATEWAY_SCRIPT = ROOT / "examples" / "agent_gateway" / "calculator_agent_grpo.py"
 SFT_STEPS, RL_STEPS = 60, 30
 
 
@@ -42,6 +46,15 @@ def stage_records(work: Path) -> dict[str, list[dict]]:
 def _tool_training(work: Path) -> Prepared:
     argv = example_command(work, SFT_STEPS, RL_STEPS, "actor_rollout_ref.actor.use_torch_compile=false")
     return Prepared([], {}, argv=argv)
+
+
+@cli_run("gateway_training", cost_s=150, after=("tool_training",))
+def _gateway_training(work: Path, deps: dict) -> Prepared:
+    """The same GRPO from the same SFT checkpoint, the conversations driven by an unmodified openai-client agent
+    through the gateway (examples/agent_gateway)."""
+    model = deps["tool_training"].work / "sft" / "ckpt" / f"global_step_{SFT_STEPS}" / "huggingface"
+    argv = [sys.executable, str(GATEWAY_SCRIPT), "--workdir", str(work), "--model", str(model)]
+    return Prepared([], {}, argv=[*argv, f"--rl-steps={RL_STEPS}", "actor_rollout_ref.actor.use_torch_compile=false"])
 
 
 @pytest.fixture
@@ -72,6 +85,30 @@ def test_grpo_with_the_calculator_calls_it_and_the_score_rises(runs):
     )
     assert mean(score[-10:]) > mean(score[:10]) + 0.03, score
     assert mean(errors[-10:]) < mean(errors[:10]), errors
+
+
+@needs("gateway_training", "tool_training")
+def test_an_openai_client_agent_trains_through_the_gateway(cli_runs, runs):
+    run = cli_runs["gateway_training"]
+    assert run.returncode == 0, run.output[-4000:]
+    records = [json.loads(line) for line in (run.work / "rl" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["data"] for r in records if "critic/score/mean" in r.get("data", {})]
+    assert len(steps) == RL_STEPS
+    for data in steps:  # every sample's agent talked to the gateway, and every request extended its conversation
+        assert data["agent_loop/gateway_requests"] >= 64 and data["agent_loop/gateway_trajectories"] == 64, data
+        assert (
+            data["agent_loop/gateway_prefix_mismatches"] == 0 and data["agent_loop/gateway_dropped_trajectories"] == 0
+        )
+        assert data["agent_loop/gateway_agent_crashes"] == 0 and data["agent_loop/gateway_agent_timeouts"] == 0
+        assert data["num_turns/max"] == 4  # a tool turn: question, call, answer, reply
+    # re-tokenizing the conversations would have changed some of the tokens trained on
+    assert sum(d["agent_loop/gateway_retokenization_drift"] for d in steps) > 0
+    score = [d["critic/score/mean"] for d in steps]
+    print(f"gateway: score {mean(score[:10]):.3f} -> {mean(score[-10:]):.3f}")
+    assert mean(score[-10:]) > mean(score[:10]) + 0.03, score
+    # before any update the agent's conversations are the tool agent loop's: the same first-step score
+    tool_first = [r["data"] for r in runs["rl"] if "critic/score/mean" in r.get("data", {})][0]["critic/score/mean"]
+    assert abs(score[0] - tool_first) <= 0.05, (score[0], tool_first)
 
 
 @pytest.mark.parametrize(

@@ -28,6 +28,7 @@ import os
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -43,7 +44,14 @@ from verl.utils.demo import (
     save_demo_model,
 )
 
-__all__ = ["TOOL_CHAT_TEMPLATE", "TOOL_DEMO_VERSION", "ToolDemoAssets", "ensure_tool_demo_assets", "tool_transcript"]
+__all__ = [
+    "TOOL_CHAT_TEMPLATE",
+    "TOOL_DEMO_VERSION",
+    "ToolDemoAssets",
+    "ensure_tool_demo_assets",
+    "tool_grpo_overrides",
+    "tool_transcript",
+]
 
 # Bump when anything below changes what is written.
 TOOL_DEMO_VERSION = 1
@@ -160,3 +168,46 @@ def ensure_tool_demo_assets(cache_dir: str | os.PathLike | None = None) -> ToolD
         train_files=os.path.join(folder, "rl", "train.parquet"),
         val_files=os.path.join(folder, "rl", "test.parquet"),
     )
+
+
+def tool_grpo_overrides(
+    model_path: str | os.PathLike,
+    train_files: str,
+    val_files: str,
+    workdir: Path,
+    *,
+    steps: int,
+    lr: float,
+    val_prompts: int,
+) -> list[str]:
+    """``main_ppo`` overrides of the tool demo's GRPO stage, sized for a CPU: from ``model_path`` (the SFT
+    checkpoint), 16 questions × 4 samples a step, 48 response tokens over all turns, the hf engine in float32, one
+    worker, ``steps`` steps at ``lr``, validation on ``val_prompts`` questions before and after, the file logger.
+    The examples add how the conversations are run (the tool agent loop, or an agent through the gateway)."""
+    return [
+        f"actor_rollout_ref.model.path={model_path}",
+        f"data.train_files={train_files}",
+        f"data.val_files={val_files}",
+        f"data.val_max_samples={val_prompts}",
+        "data.train_batch_size=16",
+        "data.max_prompt_length=32",
+        "data.max_response_length=48",
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.rollout.name=hf",
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.rollout.dtype=float32",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=64",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64",
+        f"actor_rollout_ref.actor.optim.lr={lr}",
+        "actor_rollout_ref.actor.fsdp_config.dtype=float32",
+        "trainer.n_gpus_per_node=1",
+        "trainer.nnodes=1",
+        f"trainer.total_training_steps={steps}",
+        "trainer.val_before_train=true",
+        f"trainer.test_freq={steps}",
+        "trainer.save_freq=-1",
+        f"trainer.default_local_dir={workdir / 'ckpt'}",
+        "trainer.logger=[console,file]",
+    ]

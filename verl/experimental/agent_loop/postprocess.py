@@ -247,7 +247,7 @@ def agent_loop_metrics(samples: Sequence[dict[str, float]], batch: DataProto) ->
     """veRL's ``agent_loop/{generate_sequences,tool_calls,num_preempted}/{min,max,mean}`` over the samples'
     metrics, ``agent_loop/slowest/*``: the sample with the most generate + tool time (its prompt and response
     lengths too), and the tool agent's counts summed over the batch: ``agent_loop/{num_tool_calls,tool_errors,
-    tool_timeouts,tool_calls_dropped}``."""
+    tool_timeouts,tool_calls_dropped}``, as are the gateway's (``agent_loop/gateway_*``)."""
     if not samples:
         return {}
     metrics: dict[str, float] = {}
@@ -259,7 +259,8 @@ def agent_loop_metrics(samples: Sequence[dict[str, float]], batch: DataProto) ->
     slowest = int(np.argmax(columns["generate_sequences"] + columns["tool_calls"]))
     for key, column in columns.items():
         metrics[f"agent_loop/slowest/{key}"] = float(column[slowest])
-    for key in _TOOL_COUNTS:  # the tool agent's counters, summed over the batch
+    gateway = sorted({key for s in samples for key in s if key.startswith("gateway_")})
+    for key in (*_TOOL_COUNTS, *gateway):  # the tool agent's and the gateway's counters, summed over the batch
         if any(key in s for s in samples):
             metrics[f"agent_loop/{key}"] = float(sum(s.get(key, 0) for s in samples))
     prompt_length = batch.batch["prompts"].shape[1]
