@@ -57,6 +57,33 @@ def _gateway_training(work: Path, deps: dict) -> Prepared:
     return Prepared([], {}, argv=[*argv, f"--rl-steps={RL_STEPS}", "actor_rollout_ref.actor.use_torch_compile=false"])
 
 
+ASYNC_MODES = {
+    "separate_async": [
+        "trainer.mode=separate_async",
+        "actor_rollout_ref.hybrid_engine=false",
+        "rollout.n_gpus_per_node=1",
+    ],
+    "colocate_async": [
+        "trainer.mode=colocate_async",
+        "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
+    ],
+}
+
+
+def _gateway_async(mode: str) -> None:
+    @cli_run(f"gateway_{mode}", cost_s=60, after=("tool_training",))
+    def prepare(work: Path, deps: dict) -> Prepared:
+        """Two steps of the gateway run in an async mode (lag 1: the weights change while agents converse)."""
+        model = deps["tool_training"].work / "sft" / "ckpt" / f"global_step_{SFT_STEPS}" / "huggingface"
+        argv = [sys.executable, str(GATEWAY_SCRIPT), "--workdir", str(work), "--model", str(model), "--rl-steps=2"]
+        return Prepared([], {}, argv=[*argv, "--val-prompts=8", "trainer.val_before_train=false", *ASYNC_MODES[mode]])
+
+
+for _mode in ASYNC_MODES:
+    _gateway_async(_mode)
+
+
 @pytest.fixture
 def runs(cli_runs) -> dict[str, list[dict]]:
     run = cli_runs["tool_training"]
@@ -109,6 +136,22 @@ def test_an_openai_client_agent_trains_through_the_gateway(cli_runs, runs):
     # before any update the agent's conversations are the tool agent loop's: the same first-step score
     tool_first = [r["data"] for r in runs["rl"] if "critic/score/mean" in r.get("data", {})][0]["critic/score/mean"]
     assert abs(score[0] - tool_first) <= 0.05, (score[0], tool_first)
+
+
+@needs(*(f"gateway_{mode}" for mode in ASYNC_MODES))
+@pytest.mark.parametrize("mode", sorted(ASYNC_MODES))
+def test_the_gateway_serves_the_async_modes(cli_runs, mode):
+    """The gateway in ``separate_async`` (a rollout pool of its own) and ``colocate_async`` (resident servers beside
+    the training workers), one step behind the weights: every sample's tokens carry their weight versions."""
+    run = cli_runs[f"gateway_{mode}"]
+    assert run.returncode == 0, run.output[-4000:]
+    records = [json.loads(line) for line in (run.work / "rl" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["data"] for r in records if "critic/score/mean" in r.get("data", {})]
+    assert len(steps) == 2
+    for data in steps:
+        assert data["agent_loop/gateway_trajectories"] == 64 and data["agent_loop/gateway_prefix_mismatches"] == 0
+        assert data["training/off_policy/trajectory_spans/max"] >= 1  # the versions of the trajectory's tokens
+    assert steps[1]["training/off_policy/trajectory_staleness/max"] == 1  # step 2 trained step 1's weights' samples
 
 
 @pytest.mark.parametrize(
