@@ -377,6 +377,10 @@ def test_a_session_keeps_its_budget_ends_with_its_sample_and_limits_its_requests
         messages += [reply.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "more"}]
         with pytest.raises(openai.BadRequestError, match="context_length_exceeded|response tokens"):
             await client.chat.completions.create(model="policy", messages=messages, max_tokens=2)
+        with pytest.raises(openai.BadRequestError, match="response_format"):  # not served: refused by name
+            await client.chat.completions.create(
+                model="policy", messages=messages, max_tokens=1, response_format={"type": "json_object"}
+            )
         with pytest.raises(openai.RateLimitError):
             await client.chat.completions.create(model="policy", messages=messages, max_tokens=2)
         with pytest.raises(openai.AuthenticationError):
@@ -400,3 +404,26 @@ def test_a_session_keeps_its_budget_ends_with_its_sample_and_limits_its_requests
             await gateway.stop()
 
     asyncio.run(after())
+
+
+def test_a_stop_string_cuts_the_tokens_after_it(engine, tokenizer):
+    """The same greedy completion with a stop string taken from its middle: the text ends before the stop string,
+    and the trajectory keeps the tokens up to the one that completed it, a prefix of the uncut ones."""
+    sessions = [session_for(Recording(engine), tokenizer) for _ in range(2)]
+
+    async def agent(base_url, key, stop=None):
+        client = openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0)
+        reply = await client.completions.create(model="policy", prompt="3 + 4 =", max_tokens=16, stop=stop)
+        await client.close()
+        return reply.choices[0]
+
+    full = run_with_gateway(sessions[0], agent)
+    text = full.text
+    stop = next(text[i : i + 2] for i in range(len(text) // 2, len(text) - 1) if text[i : i + 2].strip())
+    cut = run_with_gateway(sessions[1], agent, [stop])
+    assert cut.text == text[: text.index(stop)] and cut.finish_reason == "stop"
+    uncut, kept = sessions[0].capture.last.response_ids, sessions[1].capture.last.response_ids
+    assert len(kept) < len(uncut) == 16 and uncut[: len(kept)] == kept
+    assert stop in tokenizer.decode(kept, skip_special_tokens=True)
+    assert stop not in tokenizer.decode(kept[:-1], skip_special_tokens=True)
+    assert sessions[1].snapshot()["stop_cuts"] == 1

@@ -18,6 +18,9 @@ What a request may set and what happens to it:
   rule). Counted as ``stop_cuts``.
 - ``n``: that many generations of the same prompt, each its own trajectory.
 - ``logprobs``: the policy's log-probs of the returned tokens (``top_logprobs`` are not served: 0 alternatives).
+- not served, refused by name when set to anything but their default: ``response_format``, ``tool_choice`` other than
+  ``auto``, ``logit_bias``, presence / frequency penalties, ``top_logprobs``, ``echo``, ``suffix``, ``best_of``,
+  the legacy ``functions`` / ``function_call``, ``audio``, ``prediction``.
 """
 
 from __future__ import annotations
@@ -36,6 +39,24 @@ __all__ = ["Choice", "GatewaySession", "RequestError"]
 logger = logging.getLogger(__name__)
 
 _warned_sampling = False
+
+# OpenAI parameters the gateway does not implement, with the values that mean "not used"; any other value is refused
+# by name (an agent that relies on one must not be served as if it had not asked)
+_UNSERVED: dict[str, tuple[Any, ...]] = {
+    "response_format": (None, {"type": "text"}),
+    "tool_choice": (None, "auto"),
+    "logit_bias": (None, {}),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "top_logprobs": (None, 0),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "best_of": (None, 1),
+    "functions": (None, []),
+    "function_call": (None, "auto"),
+    "audio": (None,),
+    "prediction": (None,),
+}
 
 
 class RequestError(Exception):
@@ -101,7 +122,7 @@ class GatewaySession:
     # ------------------------------------------------------------------ requests
     async def chat(self, body: dict[str, Any]) -> tuple[list[Choice], Turn]:
         """Serve a Chat Completions body: the choices, and the turn they answer."""
-        self._admit()
+        self._admit(body)
         try:
             messages = normalize_messages(body.get("messages"))
         except ValueError as e:
@@ -115,7 +136,7 @@ class GatewaySession:
 
     async def complete(self, body: dict[str, Any]) -> tuple[list[Choice], Turn]:
         """Serve a Completions body (``prompt``: one string or one list of token ids)."""
-        self._admit()
+        self._admit(body)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]
@@ -125,7 +146,11 @@ class GatewaySession:
         choices = await self._generate(turn, body, chat=False)
         return choices, turn
 
-    def _admit(self) -> None:
+    def _admit(self, body: dict[str, Any]) -> None:
+        """Refuse a request of an ended session, one past ``max_requests``, or one asking for what is not served."""
+        for key, served in _UNSERVED.items():
+            if key in body and body[key] not in served:
+                raise RequestError(f"{key}={body[key]!r} is not served by the gateway", param=key)
         if self.closed:
             raise RequestError("the session has ended (its sample is done)", code="session_closed", status=401)
         if self.capture.counters["requests"] >= self.max_requests:
@@ -223,15 +248,23 @@ class GatewaySession:
         return choices
 
     def _stop_cut(self, ids: list[int], stops: list[str]) -> int | None:
-        """The number of tokens up to the one that completes the first stop string; None: no stop string."""
-        if not stops:
+        """The number of tokens up to the one that completes the first stop string; None: no stop string. (A
+        prefix that holds a stop string stays holding it as it grows: a binary search over the prefixes.)"""
+
+        def holds(k: int) -> bool:
+            text = self.capture.tokenizer.decode(ids[:k], skip_special_tokens=True)
+            return any(stop in text for stop in stops)
+
+        if not stops or not holds(len(ids)):
             return None
-        decode = self.capture.tokenizer.decode
-        for k in range(1, len(ids) + 1):
-            text = decode(ids[:k], skip_special_tokens=True)
-            if any(stop in text for stop in stops):
-                return k
-        return None
+        low, high = 1, len(ids)
+        while low < high:
+            middle = (low + high) // 2
+            if holds(middle):
+                high = middle
+            else:
+                low = middle + 1
+        return low
 
     async def _reply(
         self, ids: list[int], logprobs: list[float], finish: str, stops: list[str], chat: bool, tools: Any
