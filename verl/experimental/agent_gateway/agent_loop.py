@@ -20,7 +20,8 @@ and turns what the session captured into the sample's trajectory. Listed in an a
   line of output, when it is a number or ``{"reward": x}``, is its reward.
 - **The reward**: the agent's (a number, or ``{"reward": x}``) when it gives one; otherwise the run's reward
   function scores the trajectory, as for any other loop.
-- **Bounds**: an agent that outlives ``timeout_s`` is cancelled (a program: its process group is killed), one that
+- **Bounds**: an agent that outlives ``timeout_s`` is cancelled (a program: its process group is killed; a plain
+  function cannot be stopped in its thread: it is abandoned, and its session's requests are refused from then), one that
   raises or exits non-zero is a crash, one that sends more than ``max_requests`` requests is refused (429). A timed-out
   or crashed agent whose session produced tokens scores 0; one that produced none fails its sample (the run stops,
   naming the loop, or keeps the sample as failed under ``trainer.v1.sampler.schedule=replay_buffer``). Each is

@@ -71,6 +71,16 @@ class RequestError(Exception):
         return {"error": {"message": str(self), "type": kind, "param": self.param, "code": self.code}}
 
 
+def _number(body: dict[str, Any], key: str, kind: type) -> Any:
+    """``body[key]`` as an int or a float (None when absent); a value that is not a number is refused by name."""
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+        raise RequestError(f"{key}={value!r} is not a{'n integer' if kind is int else ' number'}", param=key)
+    return kind(value)
+
+
 @dataclass(frozen=True)
 class Choice:
     """One generation as the gateway returns it."""
@@ -166,8 +176,8 @@ class GatewaySession:
         global _warned_sampling
         params = dict(self.sampling_params)
         for key in ("temperature", "top_p"):
-            value = body.get(key)
-            if value is None or float(value) == float(params.get(key, value)):
+            value = _number(body, key, float)
+            if value is None or value == float(params.get(key, value)):
                 continue
             if self.honor_request_sampling:
                 params[key] = float(value)
@@ -195,8 +205,9 @@ class GatewaySession:
             left = self.response_length
         else:
             left = self.response_length - len(turn.base.response_ids) - len(turn.appended)
-        asked = body.get("max_completion_tokens", body.get("max_tokens"))
-        if asked is not None and int(asked) < 1:
+        asked = _number(body, "max_completion_tokens", int)
+        asked = _number(body, "max_tokens", int) if asked is None else asked
+        if asked is not None and asked < 1:
             raise RequestError("max_tokens must be at least 1", param="max_tokens")
         if left < 1:
             self.counters["over_budget_requests"] += 1
@@ -205,14 +216,14 @@ class GatewaySession:
                 param="messages",
                 code="context_length_exceeded",
             )
-        params["max_tokens"] = left if asked is None else min(int(asked), left)
+        params["max_tokens"] = left if asked is None else min(asked, left)
         params["logprobs"] = True
         stop = body.get("stop")
         stops = [stop] if isinstance(stop, str) else [str(s) for s in (stop or [])]
         return params, [s for s in stops if s]
 
     async def _generate(self, turn: Turn, body: dict[str, Any], chat: bool) -> list[Choice]:
-        n = int(body.get("n") or 1)
+        n = _number(body, "n", int) or 1
         if n < 1:
             raise RequestError("n must be at least 1", param="n")
         params, stops = self._params(body, turn)
