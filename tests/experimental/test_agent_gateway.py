@@ -181,7 +181,8 @@ def test_recorded_tokens_are_the_engines_bit_for_bit(engine, tokenizer, template
     assert counters["retokenization_drift"] >= 1 and text_retokenized != client.calls[-1][0]
 
 
-def test_streaming_and_non_streaming_agree(engine, tokenizer):
+@pytest.mark.parametrize("calls", [False, True], ids=["text", "tool_calls"])
+def test_streaming_and_non_streaming_agree(engine, tokenizer, calls):
     tokenizer.chat_template = CHATML_NEWLINES
 
     async def both(base_url, key, stream_key):
@@ -192,21 +193,23 @@ def test_streaming_and_non_streaming_agree(engine, tokenizer):
             if not streamed:
                 response = await client.chat.completions.create(**args, logprobs=True)
                 choice = response.choices[0]
-                answers.append(
-                    (choice.message.content, [c.logprob for c in choice.logprobs.content], choice.finish_reason)
-                )
+                made = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
+                logprobs = [c.logprob for c in choice.logprobs.content]
+                answers.append((choice.message.content, logprobs, made, choice.finish_reason))
             else:
-                text, logprobs, finish = "", [], None
+                text, logprobs, made, finish = "", [], [], None
                 async for chunk in await client.chat.completions.create(**args, logprobs=True, stream=True):
                     choice = chunk.choices[0]
                     text += choice.delta.content or ""
                     logprobs += [c.logprob for c in (choice.logprobs.content if choice.logprobs else None) or []]
+                    made += [(c.function.name, c.function.arguments) for c in choice.delta.tool_calls or []]
                     finish = choice.finish_reason or finish
-                answers.append((text, logprobs, finish))
+                answers.append((text, logprobs, made, finish))
             await client.close()
         return answers
 
-    sessions = [session_for(Recording(engine), tokenizer) for _ in range(2)]
+    parser = EveryReplyCalls(tokenizer) if calls else None
+    sessions = [session_for(Recording(engine), tokenizer, parser) for _ in range(2)]
 
     async def go():
         gateway = AgentGateway()
@@ -218,13 +221,14 @@ def test_streaming_and_non_streaming_agree(engine, tokenizer):
             await gateway.stop()
 
     plain, streamed = asyncio.run(go())
-    assert plain == streamed and len(plain[1]) == 10 and plain[2] == "length"
+    assert plain == streamed and len(plain[1]) == 10 and plain[3] == "length"
+    assert len(plain[2]) == (1 if calls else 0) and (plain[0] == "") == calls
     assert sessions[0].capture.last.response_ids == sessions[1].capture.last.response_ids
 
 
-def test_a_rewritten_history_n_choices_stop_strings_and_completions(engine, tokenizer):
+def test_a_rewritten_history_n_choices_and_completions(engine, tokenizer):
     """A history the agent edits matches no trajectory: counted, and a new one starts; ``n=2`` makes two
-    trajectories; a stop string cuts the tokens after it; the Completions route extends text by its tokens."""
+    trajectories; the Completions route extends text by its tokens."""
     tokenizer.chat_template = CHATML_NEWLINES
     session = session_for(Recording(engine), tokenizer, sampling={**GREEDY, "temperature": 1.0, "seed": 5})
 
@@ -237,7 +241,7 @@ def test_a_rewritten_history_n_choices_stop_strings_and_completions(engine, toke
         await client.chat.completions.create(model="policy", messages=follow, max_tokens=8)
         edited = [*messages, {"role": "assistant", "content": "2"}, {"role": "user", "content": "Sure?"}]
         await client.chat.completions.create(model="policy", messages=edited, max_tokens=8, temperature=0.3)
-        text = await client.completions.create(model="policy", prompt="3 + 4 =", max_tokens=6, stop=["\n"])
+        text = await client.completions.create(model="policy", prompt="3 + 4 =", max_tokens=6)
         more = await client.completions.create(
             model="policy", prompt="3 + 4 =" + text.choices[0].text + " so", max_tokens=4
         )
@@ -253,7 +257,7 @@ def test_a_rewritten_history_n_choices_stop_strings_and_completions(engine, toke
     assert counters["trajectories"] == 4 and counters["dropped_trajectories"] == 3
     last = session.capture.last
     assert last.context.startswith("3 + 4 =") and last.turns == 2 and last.mask.count(0) >= 1
-    assert "\n" not in text.choices[0].text
+    assert len(text.choices[0].text) > 0 and more.choices[0].finish_reason == "length"
 
 
 def test_a_weight_push_mid_conversation_keeps_per_token_versions(engine, tokenizer, model_path):
@@ -287,7 +291,7 @@ def loop_config(model_path: str, response_length: int = 96):
 
 
 def run_loop(engine, tokenizer, model_path, fields=None, **entry):
-    client = SampleClient(engine)
+    client = SampleClient(engine if isinstance(engine, Recording) else Recording(engine))
 
     async def go():
         loop = GatewayAgentLoop(
@@ -338,12 +342,35 @@ def test_the_agent_loop_runs_a_function_agent_and_takes_its_reward(engine, token
     (tmp_path / "agent.py").write_text(AGENT_FILE)
     spec = f"{tmp_path / 'agent.py'}:solve"
     output, client = run_loop(engine, tokenizer, model_path, {"extra_info": {"index": 7}}, agent=spec)
-    assert output.reward_score == 0.25 and output.num_turns == 4
-    assert output.response_mask.count(1) == len(client.token_versions) and sum(output.response_mask) <= 12
+    assert output.reward_score == 0.25 and output.num_turns == 4 and sum(output.response_mask) <= 12
+    engine_outputs = [out for _, out in client.client.calls]
+    generated = [t for t, m in zip(output.response_ids, output.response_mask) if m]
+    assert generated == [t for out in engine_outputs for t in out.token_ids]
+    assert client.token_versions == [v for out in engine_outputs for v in out.weight_versions]
     assert output.metrics.gateway_requests == 2 and output.metrics.gateway_agent_crashes == 0
     # no reward from the agent: the run's reward function scores the trajectory
     output, _ = run_loop(engine, tokenizer, model_path, {"extra_info": {"index": 8}}, agent=spec)
     assert output.reward_score is None
+
+
+class Failing(Recording):
+    """The rollout servers failing a sample's second request."""
+
+    async def generate(self, request_id, **kwargs):
+        if self.calls:
+            raise RuntimeError("the rollout server exploded")
+        return await super().generate(request_id, **kwargs)
+
+
+def test_a_request_the_gateway_fails_fails_the_sample_not_the_agent(engine, tokenizer, model_path, tmp_path):
+    """An error of ours or of the servers reaches the agent as a 500 and fails the sample, naming it: it is never
+    scored as the agent's own failure."""
+    tokenizer.chat_template = CHATML_NEWLINES
+    (tmp_path / "agent.py").write_text(AGENT_FILE)
+    with pytest.raises(RuntimeError, match="gateway failed 1 request.*the rollout server exploded"):
+        run_loop(
+            Failing(engine), tokenizer, model_path, {"extra_info": {"index": 7}}, agent=f"{tmp_path / 'agent.py'}:solve"
+        )
 
 
 def test_a_killed_a_runaway_and_a_silent_agent_are_bounded_and_counted(engine, tokenizer, model_path, tmp_path):
@@ -414,16 +441,36 @@ def test_a_stop_string_cuts_the_tokens_after_it(engine, tokenizer):
     async def agent(base_url, key, stop=None):
         client = openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0)
         reply = await client.completions.create(model="policy", prompt="3 + 4 =", max_tokens=16, stop=stop)
+        if stop:  # a ReAct agent writes the stop string itself and goes on: the trajectory continues
+            text = "3 + 4 =" + reply.choices[0].text
+            await client.completions.create(model="policy", prompt=text + stop[0] + " 7", max_tokens=2)
+            # without the stop string the prompt is not what the policy saw: a new trajectory
+            await client.completions.create(model="policy", prompt=text + " 7", max_tokens=2)
         await client.close()
         return reply.choices[0]
 
     full = run_with_gateway(sessions[0], agent)
-    text = full.text
-    stop = next(text[i : i + 2] for i in range(len(text) // 2, len(text) - 1) if text[i : i + 2].strip())
+    text, uncut = full.text, sessions[0].capture.last.response_ids
+
+    def starts_at(k):  # where token k's text starts in the decoded reply
+        return len(tokenizer.decode(uncut[:k], skip_special_tokens=True))
+
+    # a stop string that is one whole token's text, first seen exactly there: the cut ends on a token boundary
+    stop = next(
+        piece
+        for k in range(len(uncut) // 2, len(uncut))
+        if (piece := tokenizer.decode(uncut[k : k + 1], skip_special_tokens=True)).strip()
+        and text.find(piece) == starts_at(k)
+    )
     cut = run_with_gateway(sessions[1], agent, [stop])
     assert cut.text == text[: text.index(stop)] and cut.finish_reason == "stop"
-    uncut, kept = sessions[0].capture.last.response_ids, sessions[1].capture.last.response_ids
+    continued_trajectory = sessions[1].capture.trajectories[0]
+    kept = continued_trajectory.response_ids[: continued_trajectory.mask.index(0)]  # the cut reply's tokens
     assert len(kept) < len(uncut) == 16 and uncut[: len(kept)] == kept
     assert stop in tokenizer.decode(kept, skip_special_tokens=True)
     assert stop not in tokenizer.decode(kept[:-1], skip_special_tokens=True)
-    assert sessions[1].snapshot()["stop_cuts"] == 1
+    counters = sessions[1].snapshot()
+    assert counters["stop_cuts"] == 1 and counters["prefix_mismatches"] == 1 and counters["trajectories"] == 2
+    (first_prompt, _), (continued, _), (fresh, _) = sessions[1].client.calls
+    assert continued == first_prompt + kept + tokenizer.encode(" 7", add_special_tokens=False)
+    assert fresh == tokenizer.encode("3 + 4 =" + cut.text + " 7", add_special_tokens=False)

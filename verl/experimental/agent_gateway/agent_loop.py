@@ -16,14 +16,15 @@ and turns what the session captured into the sample's trajectory. Listed in an a
   called as ``agent(base_url, api_key, sample)``; ``sample`` is the sample's dataset fields (``raw_prompt``,
   ``extra_info``, ``reward_model``, …) as JSON values.
 - **A program** (``command``: a list or a shell-style string) gets ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` (what
-  the ``openai`` client reads by itself) and ``VERL_AGENT_SAMPLE`` (the sample as JSON) in its environment. Its last
-  line of output, when it is a number or ``{"reward": x}``, is its reward.
+  the ``openai`` client reads by itself) and ``VERL_AGENT_SAMPLE`` (the sample as JSON) in its environment. The last
+  line of its standard output, when it is a number or ``{"reward": x}``, is its reward.
 - **The reward**: the agent's (a number, or ``{"reward": x}``) when it gives one; otherwise the run's reward
   function scores the trajectory, as for any other loop.
 - **Bounds**: an agent that outlives ``timeout_s`` is cancelled (a program: its process group is killed; a plain
   function cannot be stopped in its thread: it is abandoned, and its session's requests are refused from then), one that
   raises or exits non-zero is a crash, one that sends more than ``max_requests`` requests is refused (429). A timed-out
-  or crashed agent whose session produced tokens scores 0; one that produced none fails its sample (the run stops,
+  or crashed agent whose session produced tokens scores 0 (what it still had generating is aborted); one that
+  produced none, or a session the gateway failed to serve (an HTTP 500), fails its sample (the run stops,
   naming the loop, or keeps the sample as failed under ``trainer.v1.sampler.schedule=replay_buffer``). Each is
   counted per sample (``agent_loop/gateway_agent_timeouts``, ``…_agent_crashes``, ``…_refused_requests``).
 
@@ -36,6 +37,7 @@ versions are those of the trajectory's generated tokens.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import inspect
 import json
@@ -58,6 +60,18 @@ __all__ = ["AgentCrashed", "GatewayAgentLoop", "load_agent"]
 logger = logging.getLogger(__name__)
 
 _OUTPUT_TAIL = 4000
+_KILL_WAIT_S = 5.0
+_AGENT_THREADS = 1024  # plain-function agents of one worker process at once
+_threads: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _agent_threads() -> concurrent.futures.ThreadPoolExecutor:
+    """The threads plain-function agents run in (not the event loop's default executor, which the gateway's own
+    parsing and tokenizing use: agents blocked on the gateway there could starve it)."""
+    global _threads
+    if _threads is None:
+        _threads = concurrent.futures.ThreadPoolExecutor(_AGENT_THREADS, thread_name_prefix="gateway-agent")
+    return _threads
 
 
 class AgentCrashed(RuntimeError):
@@ -153,16 +167,28 @@ class GatewayAgentLoop(AgentLoopBase):
         sample = {k: _json_value(v) for k, v in kwargs.items() if k != "raw_prompt_ids"}
         outcome = {"agent_timeouts": 0, "agent_crashes": 0}
         reward = None
+        agent = asyncio.ensure_future(self._run_agent(gateway.base_url, key, sample))
         try:
-            reward = await asyncio.wait_for(self._run_agent(gateway.base_url, key, sample), self.timeout_s)
-        except (TimeoutError, asyncio.TimeoutError):
-            outcome["agent_timeouts"] = 1
-            logger.warning("gateway_agent: an agent ran past timeout_s=%s and was stopped", self.timeout_s)
+            done, _ = await asyncio.wait({agent}, timeout=self.timeout_s)
+            if not done:  # only the loop's own clock counts as a timeout; a TimeoutError of the agent is a crash
+                outcome["agent_timeouts"] = 1
+                logger.warning("gateway_agent: an agent ran past timeout_s=%s and was stopped", self.timeout_s)
+            else:
+                reward = agent.result()
         except AgentCrashed as e:
             outcome["agent_crashes"] = 1
             logger.warning("gateway_agent: an agent crashed: %s", e)
         finally:
-            gateway.close(key)
+            gateway.close(key)  # its key is refused from now on; what it has in flight is aborted
+            if not agent.done():
+                agent.cancel()
+                await asyncio.gather(agent, return_exceptions=True)
+            await self._abort_in_flight(session)
+        if session.first_error is not None:
+            raise RuntimeError(
+                f"gateway_agent: the gateway failed {session.counters['server_errors']} request(s) of the sample; "
+                f"the first: {session.first_error}"
+            )
         trajectory = session.capture.last
         if trajectory is None:
             what = "timed out" if outcome["agent_timeouts"] else "crashed" if outcome["agent_crashes"] else "ended"
@@ -171,14 +197,23 @@ class GatewayAgentLoop(AgentLoopBase):
             reward = 0.0
         return self._output(trajectory, session, outcome, reward)
 
+    async def _abort_in_flight(self, session: GatewaySession) -> None:
+        """Stop what an ended session still has generating (a timed-out or crashed agent's last requests)."""
+        abort = getattr(self.server_manager, "abort", None)
+        if abort is None:
+            return
+        result = abort(sorted(session.request_ids))
+        if inspect.isawaitable(result):
+            await result
+
     async def _run_agent(self, base_url: str, key: str, sample: dict[str, Any]) -> float | None:
         if self.agent is not None:
             try:
                 if inspect.iscoroutinefunction(self.agent):
                     result = await self.agent(base_url, key, sample)
-                else:
-                    result = await self.loop.run_in_executor(None, self.agent, base_url, key, sample)
-            except (asyncio.CancelledError, TimeoutError, asyncio.TimeoutError):
+                else:  # a thread of its own: agents waiting on the gateway must not hold the loop's executor
+                    result = await self.loop.run_in_executor(_agent_threads(), self.agent, base_url, key, sample)
+            except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - the agent's own failure: counted, the run goes on
                 raise AgentCrashed(f"{type(e).__name__}: {e}") from e
@@ -196,23 +231,26 @@ class GatewayAgentLoop(AgentLoopBase):
             *self.command,
             env=env,
             stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
+            stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
         )
         try:
-            out, _ = await proc.communicate()
-        except BaseException:  # cancelled (timeout): the program and its children go
+            out, err = await proc.communicate()
+        except BaseException:  # cancelled (timeout): the program and its process group go
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            await proc.wait()
+            # bounded: a child that left the group may hold the pipes open; it is not waited for
+            with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
+                await asyncio.wait_for(proc.wait(), _KILL_WAIT_S)
             raise
-        text = out.decode(errors="replace")
         if proc.returncode != 0:
-            raise AgentCrashed(f"{self.command} exited with {proc.returncode}: {text[-_OUTPUT_TAIL:]}")
-        lines = text.strip().splitlines()
+            tail = (out + err).decode(errors="replace")[-_OUTPUT_TAIL:]
+            raise AgentCrashed(f"{self.command} exited with {proc.returncode}: {tail}")
+        lines = out.decode(errors="replace").strip().splitlines()  # the reward: the last line of stdout
         try:
             return _reward_of(json.loads(lines[-1])) if lines else None
         except ValueError:
+            logger.debug("gateway_agent: the program's last line is not a reward: %r", lines[-1][:200])
             return None
 
     def _output(

@@ -11,8 +11,13 @@ agent appended a tool answer or a user turn), the prompt is that trajectory's re
 appended text only: the template renders the whole conversation, and what it adds after the recorded assistant turn
 is tokenized on its own. When nothing matches (the agent rewrote its history, or the template does not render the
 conversation as a prefix-stable string), a new trajectory starts from the rendered prompt, and the miss is counted
-(``prefix_mismatches``). Each request also counts ``retokenization_drift`` when re-tokenizing the whole conversation
-would have given other tokens than the recorded ones: what capturing saved.
+(``prefix_mismatches``). Each request that extends a trajectory also counts ``retokenization_drift`` when
+re-tokenizing the whole conversation would have given other tokens than the recorded ones: what capturing saved.
+
+A reply cut at a stop string keeps the tokens up to the one that completed it (they are what the policy generated):
+in chat the recorded assistant turn holds them; in Completions the recorded text does, so a later prompt extends the
+trajectory only when it carries the stop string too (a ReAct agent that writes its ``Observation:`` after a stop at
+``Observation:``), and otherwise starts a new one.
 """
 
 from __future__ import annotations
@@ -86,7 +91,7 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
     return out
 
 
-@dataclass
+@dataclass(eq=False)  # two trajectories are the same one only when they are the same object
 class Trajectory:
     """One token sequence of a conversation: ``prompt_ids``, then ``response_ids`` with ``mask`` / ``logprobs``
     (one each per response token) and ``versions`` (one per generated token, in order). ``context`` is what the
@@ -141,7 +146,7 @@ class ConversationCapture:
         self.template_kwargs = dict(template_kwargs or {})
         self.trajectories: list[Trajectory] = []
         self.last: Trajectory | None = None
-        self._suffixes: dict[str, str] = {}
+        self._suffixes: dict[str, tuple[str, list[int]]] = {}
         self.counters = {"requests": 0, "prefix_mismatches": 0, "retokenization_drift": 0}
 
     # ------------------------------------------------------------------ rendering
@@ -194,13 +199,22 @@ class ConversationCapture:
         done_text = self.render(base.context, tools, False)
         if not full_text.startswith(done_text):
             return None
-        generated = self.tokenizer.decode(base.last_generated, skip_special_tokens=False)
-        suffix = self._turn_suffix(tools)
-        done = next(k for k in range(len(suffix), -1, -1) if generated.endswith(suffix[:k]))
-        return suffix[done:] + full_text[len(done_text) :]
+        suffix, suffix_ids = self._turn_suffix(tools)
+        # the longest run of the suffix's tokens the reply ends with (its end-of-turn token, when it stopped on it),
+        # compared as tokens: text that merely ends like the suffix (a reply cut after "<") does not count
+        generated = base.last_generated
+        done = next(
+            j
+            for j in range(len(suffix_ids), -1, -1)
+            if j <= len(generated) and generated[len(generated) - j :] == suffix_ids[:j]
+        )
+        written = len(self.tokenizer.decode(suffix_ids[:done], skip_special_tokens=False))
+        if suffix[:written] != self.tokenizer.decode(suffix_ids[:done], skip_special_tokens=False):
+            return None
+        return suffix[written:] + full_text[len(done_text) :]
 
-    def _turn_suffix(self, tools: Any) -> str:
-        """What the template writes after an assistant message's content (e.g. ``<|im_end|>\\n``)."""
+    def _turn_suffix(self, tools: Any) -> tuple[str, list[int]]:
+        """What the template writes after an assistant message's content (e.g. ``<|im_end|>\\n``), and its tokens."""
         key = json.dumps(tools, sort_keys=True, default=str)
         if key not in self._suffixes:
             messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _SENTINEL}]
@@ -208,7 +222,8 @@ class ConversationCapture:
                 text = self.render(messages, tools, False)
             except Exception:  # noqa: BLE001 - a template that cannot render this pair has no known suffix
                 text = ""
-            self._suffixes[key] = text[text.rfind(_SENTINEL) + len(_SENTINEL) :] if _SENTINEL in text else ""
+            suffix = text[text.rfind(_SENTINEL) + len(_SENTINEL) :] if _SENTINEL in text else ""
+            self._suffixes[key] = (suffix, self.encode(suffix) if suffix else [])
         return self._suffixes[key]
 
     def _matched(self, base: Trajectory, appended: list[int], context: Any, tools: Any, full_text: str) -> Turn:
@@ -259,9 +274,9 @@ class ConversationCapture:
             trajectory.turns += 1
             if isinstance(turn.context, list):
                 trajectory.context = [*turn.context, generation.reply]
-            else:
-                text = turn.context if isinstance(turn.context, str) else ""
-                trajectory.context = text + generation.reply
+            elif isinstance(turn.context, str):  # the text the policy saw: a stop string it generated included
+                trajectory.context = turn.context + generation.reply
+            # a prompt given as token ids keeps no text: only token-id prompts can extend it
             made.append(trajectory)
         self.trajectories.extend(made)
         self.last = made[0] if made else self.last

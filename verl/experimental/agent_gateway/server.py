@@ -138,7 +138,7 @@ class AgentGateway:
         except RequestError as e:
             return web.json_response(e.body(), status=e.status)
         return web.json_response(
-            {"object": "list", "data": [{"id": session.model, "object": "model", "owned_by": "verl"}]}
+            {"object": "list", "data": [{"id": session.model, "object": "model", "created": 0, "owned_by": "verl"}]}
         )
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
@@ -151,11 +151,15 @@ class AgentGateway:
         try:
             session = self._session(request)
             body = await self._body(request)
+        except RequestError as e:
+            return web.json_response(e.body(), status=e.status)
+        try:
             choices, turn = await (session.chat(body) if chat else session.complete(body))
         except RequestError as e:
             return web.json_response(e.body(), status=e.status)
-        except Exception as e:  # noqa: BLE001 - the agent hears of a server failure as a 500; the loop logs it
+        except Exception as e:  # noqa: BLE001 - the agent hears of it as a 500; the session fails its sample with it
             logger.exception("gateway: serving a request failed")
+            session.server_error(e)
             return web.json_response(RequestError(f"{type(e).__name__}: {e}", status=500).body(), status=500)
         tokenizer = session.capture.tokenizer
         want_logprobs = bool(body.get("logprobs"))

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,8 +125,11 @@ class GatewaySession:
             "ignored_sampling_params": 0,
             "stop_cuts": 0,
             "refused_requests": 0,
+            "server_errors": 0,
         }
     )
+    first_error: str | None = None  # the first request the gateway failed to serve (HTTP 500)
+    request_ids: set[str] = field(default_factory=set)  # the ids its generations went out under
     closed: bool = False
     generate_seconds: float = 0.0  # wall time of the session's generate calls
 
@@ -223,25 +227,26 @@ class GatewaySession:
         return params, [s for s in stops if s]
 
     async def _generate(self, turn: Turn, body: dict[str, Any], chat: bool) -> list[Choice]:
-        n = _number(body, "n", int) or 1
+        n = _number(body, "n", int)
+        n = 1 if n is None else n
         if n < 1:
             raise RequestError("n must be at least 1", param="n")
         params, stops = self._params(body, turn)
         if chat and self.tool_parser is not None:
             extra = [t for t in self.tool_parser.stop_token_ids if t not in (params.get("stop_token_ids") or [])]
             params["stop_token_ids"] = [*(params.get("stop_token_ids") or []), *extra]
+        ids = [self.session_id if k == 0 else f"{self.session_id}.{k}" for k in range(n)]
+        self.request_ids.update(ids)
         start = time.perf_counter()
         outputs = await asyncio.gather(
             *(
-                self.client.generate(
-                    self.session_id if k == 0 else f"{self.session_id}.{k}",
-                    prompt_ids=list(turn.prompt_ids),
-                    sampling_params=params,
-                )
-                for k in range(n)
+                self.client.generate(request_id, prompt_ids=list(turn.prompt_ids), sampling_params=params)
+                for request_id in ids
             )
         )
         self.generate_seconds += time.perf_counter() - start
+        if self.closed:  # the sample ended while this request generated: its tokens belong to no trajectory
+            raise RequestError("the session has ended (its sample is done)", code="session_closed", status=401)
         choices, generations = [], []
         for output in outputs:
             ids, logprobs, versions = list(output.token_ids), list(output.log_probs or []), token_versions(output)
@@ -283,14 +288,14 @@ class GatewaySession:
         """The choice returned to the agent, and the reply recorded with the trajectory (the normalized assistant
         message for chat, the returned text for completions)."""
         tokenizer = self.capture.tokenizer
+        seen = tokenizer.decode(ids, skip_special_tokens=True)  # the generated text, a stop string included
         if not chat or self.tool_parser is None:
-            text = tokenizer.decode(ids, skip_special_tokens=True)
-            calls = []
+            text, calls = seen, []
         else:
             text, parsed, _ = await self.tool_parser.parse(ids, None)
             calls = [
                 {
-                    "id": call.tool_call_id or f"call_{self.session_id[:8]}_{self.capture.counters['requests']}_{i}",
+                    "id": call.tool_call_id or f"call_{uuid.uuid4().hex[:24]}",
                     "type": "function",
                     "function": {"name": call.name, "arguments": call.arguments},
                 }
@@ -303,9 +308,15 @@ class GatewaySession:
             finish = "tool_calls"
         choice = Choice(ids, logprobs, text, calls, finish)
         if not chat:
-            return choice, text
+            return choice, seen
         message = {"role": "assistant", "content": text, "tool_calls": calls or None}
         return choice, normalize_messages([message])[0]
+
+    def server_error(self, error: BaseException) -> None:
+        """Note a request the gateway failed to serve: the sample fails with it (see ``GatewayAgentLoop``)."""
+        self.counters["server_errors"] += 1
+        if self.first_error is None:
+            self.first_error = f"{type(error).__name__}: {error}"
 
     def snapshot(self) -> dict[str, int]:
         """The session's counters and its capture's."""
