@@ -316,6 +316,11 @@ AGENT_FILE = textwrap.dedent(
         reply = await client.chat.completions.create(model="policy", messages=messages, max_tokens=6)
         await client.close()
         return {"reward": 0.25 if sample["extra_info"]["index"] == 7 else None}
+
+    def solve_sync(base_url, api_key, sample):  # a plain function with the blocking client: run in a thread
+        client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+        reply = client.chat.completions.create(model="policy", messages=list(sample["raw_prompt"]), max_tokens=3)
+        return 0.75 if reply.choices[0].finish_reason == "length" else 0.0
     """
 )
 
@@ -351,6 +356,8 @@ def test_the_agent_loop_runs_a_function_agent_and_takes_its_reward(engine, token
     # no reward from the agent: the run's reward function scores the trajectory
     output, _ = run_loop(engine, tokenizer, model_path, {"extra_info": {"index": 8}}, agent=spec)
     assert output.reward_score is None
+    output, _ = run_loop(engine, tokenizer, model_path, agent=f"{tmp_path / 'agent.py'}:solve_sync")
+    assert output.reward_score == 0.75 and output.response_mask == [1, 1, 1]
 
 
 class Failing(Recording):
