@@ -7,6 +7,9 @@ OpenAI-compatible server ``OPENAI_BASE_URL`` names.
 
     solve(base_url, api_key, sample)   # as a function (the gateway loop's ``agent:`` entry)
     python calculator_agent.py         # as a program: OPENAI_BASE_URL, OPENAI_API_KEY, VERL_AGENT_SAMPLE
+
+``solve_with_drafts`` (or the program's ``--drafts``) asks for two drafts of the first reply: the conversation splits,
+and the gateway returns both trajectories (veRL 0.10's multi-output sessions).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import asyncio
 import json
 import operator
 import os
+import sys
 
 import openai
 
@@ -64,16 +68,20 @@ def client_for(base_url: str | None, api_key: str | None) -> openai.AsyncOpenAI:
     return _clients[base_url].with_options(api_key=api_key)
 
 
-async def solve(base_url: str | None, api_key: str | None, sample: dict) -> None:
-    """Answer the sample's question; the run's reward function scores the conversation (so: return None)."""
+async def solve(base_url: str | None, api_key: str | None, sample: dict, drafts: int = 1) -> None:
+    """Answer the sample's question; the run's reward function scores the conversation (so: return None). With
+    ``drafts`` > 1 the first turn asks for that many candidate replies and goes on with the first that calls the
+    calculator (else the first one)."""
     client = client_for(base_url, api_key)
     messages = list(sample["raw_prompt"])
     try:
-        for _ in range(MAX_TURNS):
-            response = await client.chat.completions.create(model="policy", messages=messages, tools=[CALCULATOR])
-            message = response.choices[0].message
+        for turn in range(MAX_TURNS):
+            n = drafts if turn == 0 else 1
+            response = await client.chat.completions.create(model="policy", messages=messages, tools=[CALCULATOR], n=n)
+            choice = next((c for c in response.choices if c.message.tool_calls), response.choices[0])
+            message = choice.message
             messages.append(message.model_dump(exclude_none=True))
-            if not message.tool_calls or response.choices[0].finish_reason == "length":
+            if not message.tool_calls or choice.finish_reason == "length":
                 break
             for call in message.tool_calls:
                 try:
@@ -86,5 +94,12 @@ async def solve(base_url: str | None, api_key: str | None, sample: dict) -> None
     return None
 
 
+async def solve_with_drafts(base_url: str | None, api_key: str | None, sample: dict) -> None:
+    """:func:`solve` with two drafts of the first turn: the draft not taken is a trajectory of its own (the gateway
+    trains it too: a multi-output session)."""
+    return await solve(base_url, api_key, sample, drafts=2)
+
+
 if __name__ == "__main__":
-    asyncio.run(solve(None, None, json.loads(os.environ["VERL_AGENT_SAMPLE"])))
+    drafts = 2 if "--drafts" in sys.argv else 1
+    asyncio.run(solve(None, None, json.loads(os.environ["VERL_AGENT_SAMPLE"]), drafts=drafts))

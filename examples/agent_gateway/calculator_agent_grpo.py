@@ -36,13 +36,17 @@ def write_agent_data(source: str, target: Path) -> str:
     return str(target)
 
 
-def write_agent_yaml(path: Path, as_program: bool, timeout_s: float) -> str:
-    """The agent-loop YAML: the gateway loop running ``calculator_agent.py``."""
+def write_agent_yaml(path: Path, as_program: bool, timeout_s: float, drafts: bool = False) -> str:
+    """The agent-loop YAML: the gateway loop running ``calculator_agent.py`` (with two first-turn drafts:
+    ``solve_with_drafts``)."""
     from omegaconf import OmegaConf
 
     agent = HERE / "calculator_agent.py"
     entry = {"name": AGENT_NAME, "_target_": "verl.experimental.agent_gateway.GatewayAgentLoop"}
-    entry.update({"command": [sys.executable, str(agent)]} if as_program else {"agent": f"{agent}:solve"})
+    if as_program:
+        entry["command"] = [sys.executable, str(agent), *(["--drafts"] if drafts else [])]
+    else:
+        entry["agent"] = f"{agent}:{'solve_with_drafts' if drafts else 'solve'}"
     entry.update({"timeout_s": timeout_s, "max_requests": 8})
     path.parent.mkdir(parents=True, exist_ok=True)
     OmegaConf.save([entry], path)
@@ -59,6 +63,9 @@ def main() -> None:
     parser.add_argument("--val-prompts", type=int, default=32)
     parser.add_argument("--as-program", action="store_true", help="run the agent as a subprocess per sample")
     parser.add_argument("--agent-timeout", type=float, default=120.0)
+    parser.add_argument(
+        "--drafts", action="store_true", help="two drafts of the first turn: two trajectories per sample, both trained"
+    )
     args, extra = parser.parse_known_args()
 
     from verl.utils.demo_runs import read_metrics, run_module
@@ -77,7 +84,7 @@ def main() -> None:
             args.model.resolve(), train, val, rl, steps=args.rl_steps, lr=args.rl_lr, val_prompts=args.val_prompts
         ),
         "actor_rollout_ref.rollout.agent.agent_loop_config_path="
-        + write_agent_yaml(work / "agents.yaml", args.as_program, args.agent_timeout),
+        + write_agent_yaml(work / "agents.yaml", args.as_program, args.agent_timeout, args.drafts),
         "actor_rollout_ref.rollout.multi_turn.format=hermes",
         *extra,
     )

@@ -175,7 +175,7 @@ def test_recorded_tokens_are_the_engines_bit_for_bit(engine, tokenizer, template
         assert reply.choices[0].message.tool_calls[0].function.name == "calculator"
         assert reply.usage.completion_tokens == len(out.token_ids)
     counters = session.snapshot()
-    assert counters["requests"] == 3 and counters["prefix_mismatches"] == 0 and counters["dropped_trajectories"] == 0
+    assert counters["requests"] == 3 and counters["prefix_mismatches"] == 0 and counters["trajectories"] == 1
     # the random model's tokens are not the tokenizer's spelling of their text: re-tokenizing would change them
     text_retokenized = tokenizer.encode(capture.render(messages[:-1], [CALCULATOR], True), add_special_tokens=False)
     assert counters["retokenization_drift"] >= 1 and text_retokenized != client.calls[-1][0]
@@ -254,7 +254,7 @@ def test_a_rewritten_history_n_choices_and_completions(engine, tokenizer):
     assert counters["requests"] == 5 and counters["prefix_mismatches"] == 2  # the edited history, the first text
     assert counters["ignored_sampling_params"] == 1  # temperature=0.3 asked, the run's 1.0 used
     # chat: choice 0 of n=2 (never continued), choice 1 continued, the edited history; text: one trajectory extended
-    assert counters["trajectories"] == 4 and counters["dropped_trajectories"] == 3
+    assert counters["trajectories"] == 4
     last = session.capture.last
     assert last.context.startswith("3 + 4 =") and last.turns == 2 and last.mask.count(0) >= 1
     assert len(text.choices[0].text) > 0 and more.choices[0].finish_reason == "length"
@@ -317,6 +317,15 @@ AGENT_FILE = textwrap.dedent(
         await client.close()
         return {"reward": 0.25 if sample["extra_info"]["index"] == 7 else None}
 
+    async def solve_drafts(base_url, api_key, sample):  # two drafts, the second one continued: two trajectories
+        client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+        messages = list(sample["raw_prompt"])
+        reply = await client.chat.completions.create(model="policy", messages=messages, max_tokens=4, n=2)
+        messages += [reply.choices[1].message.model_dump(exclude_none=True), {"role": "user", "content": "Again"}]
+        await client.chat.completions.create(model="policy", messages=messages, max_tokens=4)
+        await client.close()
+        return 0.5
+
     def solve_sync(base_url, api_key, sample):  # a plain function with the blocking client: run in a thread
         client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
         reply = client.chat.completions.create(model="policy", messages=list(sample["raw_prompt"]), max_tokens=3)
@@ -346,7 +355,7 @@ def test_the_agent_loop_runs_a_function_agent_and_takes_its_reward(engine, token
     tokenizer.chat_template = CHATML_NEWLINES
     (tmp_path / "agent.py").write_text(AGENT_FILE)
     spec = f"{tmp_path / 'agent.py'}:solve"
-    output, client = run_loop(engine, tokenizer, model_path, {"extra_info": {"index": 7}}, agent=spec)
+    [output], client = run_loop(engine, tokenizer, model_path, {"extra_info": {"index": 7}}, agent=spec)
     assert output.reward_score == 0.25 and output.num_turns == 4 and sum(output.response_mask) <= 12
     engine_outputs = [out for _, out in client.client.calls]
     generated = [t for t, m in zip(output.response_ids, output.response_mask) if m]
@@ -354,10 +363,38 @@ def test_the_agent_loop_runs_a_function_agent_and_takes_its_reward(engine, token
     assert client.token_versions == [v for out in engine_outputs for v in out.weight_versions]
     assert output.metrics.gateway_requests == 2 and output.metrics.gateway_agent_crashes == 0
     # no reward from the agent: the run's reward function scores the trajectory
-    output, _ = run_loop(engine, tokenizer, model_path, {"extra_info": {"index": 8}}, agent=spec)
+    [output], _ = run_loop(engine, tokenizer, model_path, {"extra_info": {"index": 8}}, agent=spec)
     assert output.reward_score is None
-    output, _ = run_loop(engine, tokenizer, model_path, agent=f"{tmp_path / 'agent.py'}:solve_sync")
+    [output], _ = run_loop(engine, tokenizer, model_path, agent=f"{tmp_path / 'agent.py'}:solve_sync")
     assert output.reward_score == 0.75 and output.response_mask == [1, 1, 1]
+
+
+def test_a_session_that_splits_returns_every_trajectory_the_final_one_last(engine, tokenizer, model_path, tmp_path):
+    """veRL 0.10's multi-output sessions: two drafts, one continued; both trajectories come back (the continued one
+    last, as the session's final output), each with its own tokens and versions; ``trajectories: last`` keeps the
+    final one and counts the other as dropped."""
+    tokenizer.chat_template = CHATML_NEWLINES
+    (tmp_path / "agent.py").write_text(AGENT_FILE)
+    spec = f"{tmp_path / 'agent.py'}:solve_drafts"
+    outputs, client = run_loop(engine, tokenizer, model_path, agent=spec)
+    draft, final = outputs
+    calls = [out for _, out in client.client.calls]
+    assert len(calls) == 3 and draft.reward_score == final.reward_score == 0.5
+
+    def generated(output):
+        return [t for t, m in zip(output.response_ids, output.response_mask) if m]
+
+    first = [list(calls[0].token_ids), list(calls[1].token_ids)]
+    assert generated(draft) in first and final.num_turns == 4 and draft.num_turns == 2
+    assert generated(final)[: -len(calls[2].token_ids)] in first and generated(final)[-len(calls[2].token_ids) :] == (
+        list(calls[2].token_ids)
+    )
+    assert len(client.token_versions) == len(generated(draft)) + len(generated(final))  # the worker splits them
+    assert final.metrics.gateway_trajectories == 2 and final.metrics.gateway_dropped_trajectories == 0
+    [only], _ = run_loop(engine, tokenizer, model_path, agent=spec, trajectories="last")
+    assert only.num_turns == 4 and only.metrics.gateway_dropped_trajectories == 1
+    with pytest.raises(ValueError, match="trajectories='some'"):
+        run_loop(engine, tokenizer, model_path, agent=spec, trajectories="some")
 
 
 class Failing(Recording):
@@ -384,13 +421,13 @@ def test_a_killed_a_runaway_and_a_silent_agent_are_bounded_and_counted(engine, t
     tokenizer.chat_template = CHATML_NEWLINES
     (tmp_path / "agent_program.py").write_text(PROGRAM)
     command = [sys.executable, str(tmp_path / "agent_program.py")]
-    output, _ = run_loop(engine, tokenizer, model_path, command=[*command, "ok"])
+    [output], _ = run_loop(engine, tokenizer, model_path, command=[*command, "ok"])
     assert output.reward_score == 0.5 and output.metrics.gateway_agent_crashes == 0
-    output, _ = run_loop(engine, tokenizer, model_path, command=[*command, "killed"])
+    [output], _ = run_loop(engine, tokenizer, model_path, command=[*command, "killed"])
     assert output.metrics.gateway_agent_crashes == 1 and output.reward_score == 0.0
     assert output.response_mask.count(1) >= 1  # the one request it made is its trajectory
     pid_file = tmp_path / "pid"
-    output, _ = run_loop(engine, tokenizer, model_path, command=[*command, "sleeps", str(pid_file)], timeout_s=20)
+    [output], _ = run_loop(engine, tokenizer, model_path, command=[*command, "sleeps", str(pid_file)], timeout_s=20)
     assert output.metrics.gateway_agent_timeouts == 1 and output.reward_score == 0.0
     with pytest.raises(ProcessLookupError):  # the runaway's process is gone
         os.kill(int(pid_file.read_text()), 0)

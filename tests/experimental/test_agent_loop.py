@@ -139,6 +139,8 @@ def write_loops_yaml(folder: Path, module: str) -> str:
               _target_: {module}.SelfScoredAgentLoop
             - name: flaky
               _target_: {module}.FlakyAgentLoop
+            - name: drafts
+              _target_: {module}.DraftsAgentLoop
             """
         )
     )
@@ -415,6 +417,42 @@ def test_user_loops_from_yaml_mask_their_tokens_and_rewards_score_samples_as_the
     assert len(stats["granted"]) == 5 and stats["max_in_flight"] <= 2
 
 
+def test_a_loop_returning_several_outputs_gives_each_a_row_with_the_final_reward(hybrid, assets, tmp_path):
+    """veRL 0.10's multi-output sessions: ``run`` returns a list; each output is a row (``__trajectory_index__``
+    numbers a sample's rows), each with its own tokens and versions; the reward function scores the final output
+    and its reward is every output's."""
+    config, wg, _ = hybrid
+    tokenizer = hf_tokenizer(assets.model_path)
+    reward_file = tmp_path / "reward.py"
+    reward_file.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return {'score': 1.0 + len(solution_str) % 5, 'chars': len(solution_str)}\n"
+    )
+    from verl.utils.reward_score.custom import FileFunction
+
+    reward_fn = NaiveRewardManager(tokenizer, compute_score=FileFunction(str(reward_file), "compute_score"))
+    manager = AgentLoopManager(config, wg, tokenizer=tokenizer, reward_fn=reward_fn)
+    prompts = prompt_batch(assets, rows=4, agent_name=["drafts", "single_turn_agent", "drafts", "single_turn_agent"])
+    wg.update_weights(version=6)
+    out = manager.generate_sequences(prompts)
+    b, nt = out.batch, out.non_tensor_batch
+    assert len(out) == 6 and list(nt["__trajectory_index__"]) == [0, 1, 0, 0, 1, 0]
+    ids = [b["input_ids"][r][b["attention_mask"][r].bool()].tolist() for r in range(6)]
+    for draft, answer in ((0, 1), (3, 4)):
+        answer_prompt = b["prompts"][answer][b["attention_mask"][answer, :PROMPT_LEN].bool()].tolist()
+        assert answer_prompt == ids[draft][-PROMPT_LEN:]  # the draft's prompt and tokens, as the loop built it
+        last = b["attention_mask"][[draft, answer], PROMPT_LEN:].sum(-1) - 1
+        scores = b["rm_scores"][[draft, answer]][torch.arange(2), last]
+        text = tokenizer.decode(b["responses"][answer][b["response_mask"][answer].bool()], skip_special_tokens=True)
+        assert scores.tolist() == [1.0 + len(text) % 5] * 2  # the answer's score, given to its draft too
+        assert nt["chars"][draft] == nt["chars"][answer] == len(text)
+    lengths = b["attention_mask"][:, PROMPT_LEN:].sum(-1).tolist()
+    assert list(nt["weight_version_ranges"]) == [[[0, n, 6]] for n in lengths]  # each row its own tokens' versions
+    metrics = out.meta_info["metrics"]
+    assert metrics["agent_loop/trajectories_per_sample/mean"] == 1.5
+    assert metrics["agent_loop/trajectories_per_sample/max"] == 2
+
+
 def test_failed_samples_are_kept_when_asked_and_a_loop_that_always_fails_stops(hybrid, assets, caplog):
     """The replay-buffer schedule asks for failed samples to be kept (meta_info["keep_failed_samples"]): a sample
     whose loop raised becomes a masked placeholder flagged in __failed__; one that fails everywhere still stops."""
@@ -459,10 +497,11 @@ def test_replicas_taken_out_of_the_routing_get_no_request_and_come_back(hybrid, 
 @cli_run("user_agent_loops", cost_s=45)
 def _user_agent_loops(work: Path) -> Prepared:
     """A veRL user's set-up: a parquet with an ``agent_name`` column, the loops listed in a YAML file, their module
-    on PYTHONPATH; nothing else."""
+    on PYTHONPATH; nothing else. One prompt in eight runs ``drafts`` (two outputs per sample): with n=3 a batch has
+    27 rows, padded to 28 for the 2 ranks."""
     assets = ensure_demo_assets(work.parent / "verl_cache")
     train = pd.read_parquet(assets.train_files).head(32)
-    train["agent_name"] = ["two_turn" if i % 2 else "single_turn_agent" for i in range(len(train))]
+    train["agent_name"] = ["two_turn" if i % 2 else "drafts" if i % 8 == 2 else "single_turn_agent" for i in range(32)]
     train.to_parquet(work / "train.parquet")
     pd.read_parquet(assets.val_files).head(8).assign(agent_name="two_turn").to_parquet(work / "val.parquet")
     loops_yaml = write_loops_yaml(work, "user_agent_loops")
@@ -476,16 +515,16 @@ def _user_agent_loops(work: Path) -> Prepared:
         "data.max_prompt_length=32",
         "data.max_response_length=8",
         "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=12",
         "actor_rollout_ref.actor.use_kl_loss=false",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
         "actor_rollout_ref.actor.fsdp_config.dtype=float32",
         "actor_rollout_ref.rollout.name=hf",
         "actor_rollout_ref.rollout.dtype=float32",
-        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.rollout.n=3",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         "algorithm.adv_estimator=grpo",
-        "trainer.n_gpus_per_node=1",
+        "trainer.n_gpus_per_node=2",
         "trainer.total_training_steps=2",
         "trainer.val_before_train=true",
         "trainer.test_freq=2",
@@ -500,7 +539,9 @@ def test_main_ppo_trains_and_validates_through_a_user_agent_loop_from_yaml(cli_r
     by_step = {r["step"]: r["data"] for r in records if r.get("data")}
     for step in (1, 2):
         data = by_step[step]
-        assert data["num_turns/mean"] == 2.5 and data["num_turns/max"] == 3, data
+        assert data["num_turns/mean"] == 2.5 and data["num_turns/max"] == 3, data  # over the final outputs
+        assert data["agent_loop/trajectories_per_sample/mean"] == 27 / 24  # one prompt's 3 samples had a draft
+        assert data["agent_loop/trajectories_per_sample/max"] == 2
         assert data["training/num_turns/mean"] == 2.5 and data["training/num_turns/min"] == data["num_turns/min"]
         assert data["agent_loop/generate_sequences/max"] > 0 and "agent_loop/slowest/response_length" in data
         assert np.isfinite(data["actor/pg_loss"]) and data["timing_s/update_actor"] > 0

@@ -74,9 +74,11 @@ ASYNC_MODES = {
 def _gateway_async(mode: str) -> None:
     @cli_run(f"gateway_{mode}", cost_s=60, after=("tool_training",))
     def prepare(work: Path, deps: dict) -> Prepared:
-        """Two steps of the gateway run in an async mode (lag 1: the weights change while agents converse)."""
+        """Two steps of the gateway run in an async mode (lag 1: the weights change while agents converse), the agent
+        asking for two drafts of its first reply: two trajectories per sample (multi-output sessions)."""
         model = deps["tool_training"].work / "sft" / "ckpt" / f"global_step_{SFT_STEPS}" / "huggingface"
         argv = [sys.executable, str(GATEWAY_SCRIPT), "--workdir", str(work), "--model", str(model), "--rl-steps=2"]
+        argv.append("--drafts")
         return Prepared([], {}, argv=[*argv, "--val-prompts=8", "trainer.val_before_train=false", *ASYNC_MODES[mode]])
 
 
@@ -142,14 +144,19 @@ def test_an_openai_client_agent_trains_through_the_gateway(cli_runs, runs):
 @pytest.mark.parametrize("mode", sorted(ASYNC_MODES))
 def test_the_gateway_serves_the_async_modes(cli_runs, mode):
     """The gateway in ``separate_async`` (a rollout pool of its own) and ``colocate_async`` (resident servers beside
-    the training workers), one step behind the weights: every sample's tokens carry their weight versions."""
+    the training workers), one step behind the weights: every sample's tokens carry their weight versions, and every
+    sample's two trajectories (the agent's two drafts) are trained."""
     run = cli_runs[f"gateway_{mode}"]
     assert run.returncode == 0, run.output[-4000:]
     records = [json.loads(line) for line in (run.work / "rl" / "metrics.jsonl").read_text().splitlines()]
     steps = [r["data"] for r in records if "critic/score/mean" in r.get("data", {})]
     assert len(steps) == 2
     for data in steps:
-        assert data["agent_loop/gateway_trajectories"] == 64 and data["agent_loop/gateway_prefix_mismatches"] == 0
+        assert data["agent_loop/gateway_trajectories"] == 128 and data["agent_loop/gateway_prefix_mismatches"] == 0
+        assert (
+            data["agent_loop/trajectories_per_sample/mean"] == 2
+            and data["agent_loop/gateway_dropped_trajectories"] == 0
+        )
         assert data["training/off_policy/trajectory_spans/max"] >= 1  # the versions of the trajectory's tokens
     assert steps[1]["training/off_policy/trajectory_staleness/max"] == 1  # step 2 trained step 1's weights' samples
 

@@ -7,6 +7,8 @@
 - ``FlakyAgentLoop``: one turn, then raises for the samples whose ``fail`` column is true.
 - ``SelfScoredAgentLoop``: one turn on the tokenizer's own ``apply_chat_template(tokenize=True)`` result (a
   ``BatchEncoding``), and the loop's own ``reward_score`` (the reward function is not called).
+- ``DraftsAgentLoop``: veRL 0.10's multi-output session: a short draft on the prompt, then the answer on the prompt
+  followed by the draft (its last ``prompt_length`` tokens); ``run`` returns both outputs, the answer last.
 """
 
 from __future__ import annotations
@@ -100,6 +102,26 @@ class SelfScoredAgentLoop(AgentLoopBase):
             reward_score=0.25,
             num_turns=2,
         )
+
+
+class DraftsAgentLoop(AgentLoopBase):
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
+        rollout = self.config.actor_rollout_ref.rollout
+        prompt_ids, request_id = list(kwargs["raw_prompt_ids"]), uuid4().hex
+        params = {**sampling_params, "max_tokens": 4}
+        draft = await self.server_manager.generate(request_id, prompt_ids=prompt_ids, sampling_params=params)
+        answer_prompt = (prompt_ids + list(draft.token_ids))[-rollout.prompt_length :]
+        answer = await self.server_manager.generate(request_id, prompt_ids=answer_prompt, sampling_params=params)
+        return [
+            AgentLoopOutput(
+                prompt_ids=ids,
+                response_ids=out.token_ids,
+                response_mask=[1] * len(out.token_ids),
+                response_logprobs=out.log_probs,
+                num_turns=2,
+            )
+            for ids, out in ((prompt_ids, draft), (answer_prompt, answer))
+        ]
 
 
 class RecordingManager:

@@ -28,10 +28,13 @@ and turns what the session captured into the sample's trajectory. Listed in an a
   naming the loop, or keeps the sample as failed under ``trainer.v1.sampler.schedule=replay_buffer``). Each is
   counted per sample (``agent_loop/gateway_agent_timeouts``, ``…_agent_crashes``, ``…_refused_requests``).
 
-The sample's trajectory is the session's last one: the conversation the agent continued last. Others — the other
-choices of ``n > 1``, histories the agent rewrote — are counted (``gateway_dropped_trajectories``) but not trained:
-our trainer takes one trajectory per sample (veRL 0.10's multi-output sessions are not built). The per-token weight
-versions are those of the trajectory's generated tokens.
+**Trajectories.** A session whose requests all continue one conversation gives one trajectory. One that splits —
+the other choices of ``n > 1``, a history the agent rewrote, a second conversation — gives several: with
+``trajectories: all`` (the default) the loop returns them all (veRL 0.10's multi-output sessions), the final output
+being the conversation the agent continued last; each is trained with the sample's reward, and GRPO's group
+statistics use the final outputs (:func:`~verl.trainer.ppo.v1.compute_advantage_for_multi_trajectories`). With
+``trajectories: last`` only that one is returned and the others are counted (``gateway_dropped_trajectories``).
+Each output's per-token weight versions are those of its own generated tokens.
 """
 
 from __future__ import annotations
@@ -122,6 +125,7 @@ class GatewayAgentLoop(AgentLoopBase):
         timeout_s: seconds an agent may run.
         max_requests: requests one session may send.
         honor_request_sampling: use the requests' temperature / top_p rather than the run's.
+        trajectories: ``all`` (every trajectory of the session, the final one last) or ``last`` (the final one).
     """
 
     def __init__(
@@ -132,11 +136,15 @@ class GatewayAgentLoop(AgentLoopBase):
         timeout_s: float = 300.0,
         max_requests: int = 64,
         honor_request_sampling: bool = False,
+        trajectories: str = "all",
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         if (agent is None) == (command is None):
             raise ValueError("gateway_agent: set exactly one of 'agent' (a function) and 'command' (a program)")
+        if trajectories not in ("all", "last"):
+            raise ValueError(f"gateway_agent: trajectories={trajectories!r}; use 'all' or 'last'")
+        self.all_trajectories = trajectories == "all"
         self.agent = self.cached(("gateway_agent_function", agent), lambda: load_agent(agent)) if agent else None
         self.command = shlex.split(command) if isinstance(command, str) else [str(c) for c in command or []]
         self.timeout_s, self.max_requests = float(timeout_s), int(max_requests)
@@ -148,7 +156,7 @@ class GatewayAgentLoop(AgentLoopBase):
 
         return ToolParser.get_tool_parser(str(self.rollout_config.multi_turn.format), self.tokenizer)
 
-    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
         gateway = await shared_gateway()
         rollout = self.rollout_config
         session = GatewaySession(
@@ -189,13 +197,14 @@ class GatewayAgentLoop(AgentLoopBase):
                 f"gateway_agent: the gateway failed {session.counters['server_errors']} request(s) of the sample; "
                 f"the first: {session.first_error}"
             )
-        trajectory = session.capture.last
-        if trajectory is None:
+        final = session.capture.last
+        if final is None:
             what = "timed out" if outcome["agent_timeouts"] else "crashed" if outcome["agent_crashes"] else "ended"
             raise RuntimeError(f"gateway_agent: the agent {what} without sending a request the policy answered")
         if outcome["agent_timeouts"] or outcome["agent_crashes"]:
             reward = 0.0
-        return self._output(trajectory, session, outcome, reward)
+        others = [t for t in session.capture.trajectories if t is not final] if self.all_trajectories else []
+        return self._outputs([*others, final], session, outcome, reward)
 
     async def _abort_in_flight(self, session: GatewaySession) -> None:
         """Stop what an ended session still has generating (a timed-out or crashed agent's last requests)."""
@@ -253,22 +262,33 @@ class GatewayAgentLoop(AgentLoopBase):
             logger.debug("gateway_agent: the program's last line is not a reward: %r", lines[-1][:200])
             return None
 
-    def _output(
-        self, trajectory: Trajectory, session: GatewaySession, outcome: dict[str, int], reward: float | None
-    ) -> AgentLoopOutput:
+    def _outputs(
+        self, trajectories: list[Trajectory], session: GatewaySession, outcome: dict[str, int], reward: float | None
+    ) -> list[AgentLoopOutput]:
+        """The session's outputs, the final one last; the sample client's version record becomes theirs, in order
+        (the worker gives each output its own)."""
         limit = int(self.rollout_config.response_length)
-        versions = getattr(self.server_manager, "token_versions", None)
-        if isinstance(versions, list):  # the sample client's record: this trajectory's generated tokens only
-            versions[:] = trajectory.versions
-        counters = {f"gateway_{k}": v for k, v in {**session.snapshot(), **outcome}.items()}
+        snapshot = session.snapshot()
+        snapshot["dropped_trajectories"] = snapshot["trajectories"] - len(trajectories)
+        counters = {f"gateway_{k}": v for k, v in {**snapshot, **outcome}.items()}
         counters["generate_sequences"] = session.generate_seconds
-        return AgentLoopOutput(
-            prompt_ids=trajectory.prompt_ids,
-            response_ids=trajectory.response_ids[:limit],
-            response_mask=trajectory.mask[:limit],
-            response_logprobs=trajectory.logprobs[:limit],
-            reward_score=reward,
-            num_turns=len(trajectory.context) if isinstance(trajectory.context, list) else 2 * trajectory.turns,
-            metrics=counters,
-            extra_fields={"gateway_session": session.session_id},
-        )
+        outputs, versions = [], []
+        for trajectory in trajectories:
+            mask = trajectory.mask[:limit]
+            versions += trajectory.versions[: sum(mask)]
+            outputs.append(
+                AgentLoopOutput(
+                    prompt_ids=trajectory.prompt_ids,
+                    response_ids=trajectory.response_ids[:limit],
+                    response_mask=mask,
+                    response_logprobs=trajectory.logprobs[:limit],
+                    reward_score=reward,
+                    num_turns=len(trajectory.context) if isinstance(trajectory.context, list) else 2 * trajectory.turns,
+                    metrics=counters,
+                    extra_fields={"gateway_session": session.session_id},
+                )
+            )
+        record = getattr(self.server_manager, "token_versions", None)
+        if isinstance(record, list):  # the sample client's record: the outputs' generated tokens only
+            record[:] = versions
+        return outputs

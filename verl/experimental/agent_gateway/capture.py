@@ -283,6 +283,5 @@ class ConversationCapture:
         return made
 
     def snapshot(self) -> dict[str, int]:
-        """The counters, plus ``trajectories`` (kept) and ``dropped_trajectories`` (all but the last one)."""
-        kept = len(self.trajectories)
-        return {**self.counters, "trajectories": kept, "dropped_trajectories": max(kept - 1, 0)}
+        """The counters, plus ``trajectories``: how many the conversation has."""
+        return {**self.counters, "trajectories": len(self.trajectories)}

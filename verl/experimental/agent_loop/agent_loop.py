@@ -1,11 +1,12 @@
 """veRL's AgentLoop API: what a user writes to drive the rollout servers sample by sample.
 
-An agent loop is a class with ``async run(sampling_params, **kwargs) -> AgentLoopOutput``; ``kwargs`` are the
-sample's dataset fields (``raw_prompt``, ``raw_prompt_ids``, ``index``, ``tools_kwargs``, ``extra_info``, …). It talks
-to the servers through ``self.server_manager.generate(request_id, prompt_ids=..., sampling_params=...)`` and is
-registered by name — ``@register("my_agent")`` in code, or a YAML list (``name`` + ``_target_``) at
-``rollout.agent.agent_loop_config_path`` — and chosen per sample by the ``agent_name`` column (default
-``rollout.agent.default_agent_loop``). One instance is built per sample with veRL's constructor
+An agent loop is a class with ``async run(sampling_params, **kwargs) -> AgentLoopOutput`` (or a list of them: a
+multi-output session); ``kwargs`` are the sample's dataset fields (``raw_prompt``, ``raw_prompt_ids``, ``index``,
+``tools_kwargs``, ``extra_info``, …). It talks to the servers through
+``self.server_manager.generate(request_id, prompt_ids=..., sampling_params=...)`` and is registered by name —
+``@register("my_agent")`` in code, or a YAML list (``name`` + ``_target_``) at ``rollout.agent.agent_loop_config_path``
+— and chosen per sample by the ``agent_name`` column (default ``rollout.agent.default_agent_loop``). One instance is
+built per sample with veRL's constructor
 ``(trainer_config, server_manager, tokenizer, processor, dataset_cls, dataset_config, **kwargs)``.
 
 The workers that run the loops and the manager that splits a batch over them are
@@ -251,8 +252,9 @@ class AgentLoopBase(ABC):
             return []
 
     @abstractmethod
-    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
-        """Run one sample; ``kwargs`` are its dataset fields."""
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput | list[AgentLoopOutput]:
+        """Run one sample; ``kwargs`` are its dataset fields. Returns its output, or several (veRL 0.10's multi-output
+        sessions: a row each, the final output last, its reward every output's)."""
 
 
 # name → the hydra config that builds the loop ({"_target_": "module.Class", ...extra constructor kwargs})

@@ -31,15 +31,16 @@ def _fatal(error: BaseException) -> bool:
 
 
 def keep_failed_samples(
-    results: list[SampleResult | BaseException],
+    results: list[list[SampleResult] | BaseException],
     agent_names: list[str],
     prompt_ids: list[list[int]],
     prompt_length: int,
     response_length: int,
     pad_id: int,
-) -> list[SampleResult]:
-    """``results`` with each failed sample (an exception) replaced by a failed :class:`SampleResult` (see the module
-    docstring); raises the first fatal error, or the first error when every sample failed."""
+) -> list[list[SampleResult]]:
+    """``results`` (per sample, its outputs) with each failed sample (an exception) replaced by one failed
+    :class:`SampleResult` (see the module docstring); raises the first fatal error, or the first error when every
+    sample failed."""
     failures = [(i, r) for i, r in enumerate(results) if isinstance(r, BaseException)]
     if not failures:
         return results  # type: ignore[return-value]
@@ -60,12 +61,12 @@ def keep_failed_samples(
         error,
         exc_info=error,
     )
-    done = [r for r in results if isinstance(r, SampleResult)]
+    done = [r for sample in results if isinstance(sample, list) for r in sample]
     with_log_probs = any(r.output.response_logprobs is not None for r in done)
     with_reward = all(r.reward is not None for r in done)
-    kept: list[SampleResult] = []
+    kept: list[list[SampleResult]] = []
     for i, result in enumerate(results):
-        if isinstance(result, SampleResult):
+        if isinstance(result, list):
             kept.append(result)
             continue
         output = AgentLoopOutput(
@@ -76,5 +77,5 @@ def keep_failed_samples(
         )
         rows = pad_sample(output, agent_names[i], prompt_length, response_length, pad_id)
         reward = torch.zeros((1, response_length), dtype=torch.float32) if with_reward else None
-        kept.append(SampleResult(agent_names[i], output, rows, reward=reward, failed=True))
+        kept.append([SampleResult(agent_names[i], output, rows, reward=reward, failed=True)])
     return kept

@@ -4,9 +4,15 @@ Prompts are left-padded to ``rollout.prompt_length`` and responses right-padded 
 (veRL's layout). Output tensors: ``prompts``, ``responses``, ``input_ids``, ``attention_mask``, ``position_ids``,
 ``response_mask`` (1 on the tokens the model generated, 0 on tool / user tokens and padding), ``rollout_log_probs``
 (when every loop returned log-probs) and ``rm_scores`` (when every sample was scored); non-tensor columns:
-``__num_turns__``, ``weight_version_ranges`` (see :func:`version_ranges`), each ``reward_extra_info`` key, and every
+``__num_turns__``, ``__trajectory_index__`` (see below), ``weight_version_ranges`` (see :func:`version_ranges`), each
+``reward_extra_info`` key, and every
 ``extra_fields`` key — always with :data:`STABLE_EXTRA_FIELDS` among them (None where a sample has no value, as in
 veRL), so that the batches of different agent loops concatenate.
+
+**Multi-output sessions** (veRL 0.10): a loop's ``run`` may return a list of outputs, one sample's trajectories in
+order (the last is the session's final output). Each becomes a row; ``__trajectory_index__`` numbers a sample's rows
+0, 1, … (veRL's ``{uid}_{session_id}_{index}`` key), so a row with index 0 starts a new sample (:func:`session_numbers`,
+:func:`final_rows`). A loop returning one output gives one row with index 0.
 
 :class:`_InternalAgentLoopOutput` is veRL's padded, tensor form of one output (importable from
 ``verl.experimental.agent_loop.agent_loop``).
@@ -28,18 +34,24 @@ from verl.workers.rollout.request import sequence_tensors
 
 __all__ = [
     "STABLE_EXTRA_FIELDS",
+    "TRAJECTORY_INDEX",
     "SampleResult",
     "agent_loop_metrics",
+    "final_rows",
     "object_column",
     "pad_sample",
     "rows_to_tensors",
     "samples_to_batch",
+    "session_numbers",
     "version_ranges",
 ]
 
 
 # the column that flags the samples whose agent loop failed (verl.experimental.agent_loop.failures)
 FAILED_COLUMN = "__failed__"
+
+# the column numbering each sample's outputs (multi-output sessions): 0 for its first row
+TRAJECTORY_INDEX = "__trajectory_index__"
 
 # extra_fields columns every batch has (veRL's), whichever loops produced it
 STABLE_EXTRA_FIELDS = ("turn_scores", "tool_rewards", "min_global_steps", "max_global_steps", "extras")
@@ -57,6 +69,7 @@ class SampleResult:
     reward_extra: dict[str, Any] = field(default_factory=dict)
     token_versions: list[int] = field(default_factory=list)  # the weight version of each generated token, in order
     failed: bool = False  # its agent loop raised: a placeholder row (verl.experimental.agent_loop.failures)
+    index: int = 0  # its place among its sample's outputs (multi-output sessions; the last one is the final output)
     # on-policy distillation: the teacher's (ids, log-probs) at each response position, each (response_length, K)
     teacher: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -78,6 +91,26 @@ def version_ranges(response_mask: Sequence[int], token_versions: Sequence[int]) 
         else:
             ranges.append([position, position + 1, version])
     return ranges
+
+
+def session_numbers(batch: DataProto) -> np.ndarray:
+    """Per row, the number of the sample (session) it belongs to, counting from 0 in row order: a new one starts at
+    every row whose ``__trajectory_index__`` is 0 (every row is its own sample in a batch without the column)."""
+    index = batch.non_tensor_batch.get(TRAJECTORY_INDEX)
+    if index is None:
+        return np.arange(len(batch))
+    index = np.asarray(index, dtype=np.int64)
+    if len(index) and index[0] != 0:
+        raise ValueError(f"the batch's first row has {TRAJECTORY_INDEX}={index[0]}: a sample's rows start at 0")
+    return np.cumsum(index == 0) - 1
+
+
+def final_rows(batch: DataProto) -> np.ndarray:
+    """The row of each sample's final output (its last row), in sample order."""
+    sessions = session_numbers(batch)
+    if not len(sessions):
+        return sessions
+    return np.flatnonzero(np.append(sessions[1:] != sessions[:-1], True))
 
 
 def pad_sample(
@@ -151,6 +184,7 @@ def samples_to_batch(results: Sequence[SampleResult], failed_column: bool = Fals
         tensors["teacher_logprobs"] = torch.stack([(r.teacher or empty)[1] for r in results])
     non_tensors: dict[str, np.ndarray] = {
         "__num_turns__": np.array([r.output.num_turns for r in results], dtype=np.int32),
+        TRAJECTORY_INDEX: np.array([r.index for r in results], dtype=np.int64),
         "weight_version_ranges": object_column(
             [version_ranges(r.output.response_mask, r.token_versions) for r in results]
         ),
@@ -247,7 +281,9 @@ def agent_loop_metrics(samples: Sequence[dict[str, float]], batch: DataProto) ->
     """veRL's ``agent_loop/{generate_sequences,tool_calls,num_preempted}/{min,max,mean}`` over the samples'
     metrics, ``agent_loop/slowest/*``: the sample with the most generate + tool time (its prompt and response
     lengths too), and the tool agent's counts summed over the batch: ``agent_loop/{num_tool_calls,tool_errors,
-    tool_timeouts,tool_calls_dropped}``, as are the gateway's (``agent_loop/gateway_*``)."""
+    tool_timeouts,tool_calls_dropped}``, as are the gateway's (``agent_loop/gateway_*``). ``samples`` holds one
+    entry per sample; with multi-output sessions the batch has more rows, counted by
+    ``agent_loop/trajectories_per_sample/{mean,max}`` (the slowest sample's lengths are its final output's)."""
     if not samples:
         return {}
     metrics: dict[str, float] = {}
@@ -264,7 +300,14 @@ def agent_loop_metrics(samples: Sequence[dict[str, float]], batch: DataProto) ->
         if any(key in s for s in samples):
             metrics[f"agent_loop/{key}"] = float(sum(s.get(key, 0) for s in samples))
     prompt_length = batch.batch["prompts"].shape[1]
-    mask = batch.batch["attention_mask"][slowest]
+    finals = final_rows(batch)
+    if len(finals) != len(samples):
+        raise ValueError(f"{len(samples)} samples' metrics for a batch of {len(finals)} samples")
+    if len(finals) != len(batch):
+        per_sample = np.diff(np.append(-1, finals))
+        metrics["agent_loop/trajectories_per_sample/mean"] = float(per_sample.mean())
+        metrics["agent_loop/trajectories_per_sample/max"] = float(per_sample.max())
+    mask = batch.batch["attention_mask"][int(finals[slowest])]
     metrics["agent_loop/slowest/prompt_length"] = float(mask[:prompt_length].sum())
     metrics["agent_loop/slowest/response_length"] = float(mask[prompt_length:].sum())
     return metrics

@@ -228,7 +228,9 @@ class AgentLoopWorkerBase:
         scorer: _Scorer | None,
         trace: dict[str, Any] | None = None,
         teacher: bool = False,
-    ) -> SampleResult:
+    ) -> list[SampleResult]:
+        """One sample: its loop run, its outputs padded (several for a multi-output session), scored and, for
+        distillation, seen by the teacher."""
         client = SampleClient(self.server_manager)  # records the weight version of each token it returns
         loop = self._loop_factory(agent_name)(
             trainer_config=self._trainer_wrap,
@@ -239,20 +241,27 @@ class AgentLoopWorkerBase:
             dataset_config=self._data_wrap,
         )
         with rollout_trace_attr(name="agent_loop", **(trace or {})):
-            output = await loop.run(sampling_params, **fields)
-        if not isinstance(output, AgentLoopOutput):
-            raise TypeError(
-                f"agent loop {agent_name!r} ({type(loop).__qualname__}.run) returned {type(output).__name__}, "
-                "not an AgentLoopOutput"
-            )
+            returned = await loop.run(sampling_params, **fields)
+        outputs = _outputs_of(returned, agent_name, loop)
         rollout = self.rollout_config
-        rows = pad_sample(output, agent_name, rollout.prompt_length, rollout.response_length, self._pad_id())
-        result = SampleResult(agent_name, output, rows, token_versions=client.token_versions)
+        lengths, pad = (rollout.prompt_length, rollout.response_length), self._pad_id()
+        versions = _versions_per_output(outputs, client.token_versions, agent_name)
+        results = [
+            SampleResult(agent_name, output, pad_sample(output, agent_name, *lengths, pad), token_versions=v, index=i)
+            for i, (output, v) in enumerate(zip(outputs, versions, strict=True))
+        ]
         if teacher:
             routing = fields.get(self.teacher.teacher_key)
-            result.teacher = await self._teacher_view(output, routing)
-        await self._score(result, fields, scorer)
-        return result
+            for result in results:
+                result.teacher = await self._teacher_view(result.output, routing)
+        final = results[-1]
+        await self._score(final, fields, scorer)
+        for result in results[:-1]:  # veRL 0.10: the session's final reward is every output's
+            result.reward_extra = dict(final.reward_extra)
+            if final.reward is not None:
+                result.reward = torch.zeros_like(final.reward)
+                result.reward[0, max(sum(result.rows["response_valid"]) - 1, 0)] = final.reward.sum()
+        return results
 
     async def _teacher_view(self, output: AgentLoopOutput, routing_key: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """The teacher's ids and log-probs at each response position of ``output`` (prompt and response sent as one
@@ -292,14 +301,17 @@ class AgentLoopWorkerBase:
         )
         result.reward, result.reward_extra = await scorer.score(row)
 
-    def _join(self, results: list[SampleResult], scorer: _Scorer | None, failed_column: bool = False) -> DataProto:
+    def _join(
+        self, samples: list[list[SampleResult]], scorer: _Scorer | None, failed_column: bool = False
+    ) -> DataProto:
         if scorer is not None:
             scorer.check()
+        results = [result for sample in samples for result in sample]
         extra = align_extra_info([r.reward_extra for r in results])
         for i, r in enumerate(results):
             r.reward_extra = {k: v[i] for k, v in extra.items()}
         out = samples_to_batch(results, failed_column)
-        out.meta_info["metrics"] = [r.output.metrics.model_dump() for r in results]
+        out.meta_info["metrics"] = [sample[-1].output.metrics.model_dump() for sample in samples]
         if scorer is not None and scorer.scored:
             counts = {"reward/error_count": scorer.errors, "reward/timeout_count": scorer.timeouts}
             out.meta_info["reward_metrics"] = counts
@@ -393,6 +405,48 @@ def _quiet(reward_fn: Any) -> Any:
 
 
 AgentLoopWorker = ray.remote(num_cpus=0)(AgentLoopWorkerBase)
+
+
+def _outputs_of(returned: Any, agent_name: str, loop: Any) -> list[AgentLoopOutput]:
+    """``run``'s return as a list of outputs: one ``AgentLoopOutput``, or a non-empty list of them (veRL 0.10's
+    multi-output sessions, the final output last)."""
+    outputs = returned if isinstance(returned, list) else [returned]
+    bad = next((o for o in outputs if not isinstance(o, AgentLoopOutput)), None)
+    if not outputs or bad is not None:
+        what = "an empty list" if not outputs else type(bad).__name__
+        raise TypeError(
+            f"agent loop {agent_name!r} ({type(loop).__qualname__}.run) returned {what}, not an AgentLoopOutput or "
+            "a non-empty list of them"
+        )
+    return outputs
+
+
+_UNATTRIBUTED: set[str] = set()  # loops already warned about (once per process)
+
+
+def _versions_per_output(outputs: list[AgentLoopOutput], versions: list[int], agent_name: str) -> list[list[int]]:
+    """Each output's share of the sample's token versions (one per generated token, in order): all of them for a
+    single output; for several, the outputs' generated tokens in order when their counts add up to the record's
+    (trajectories of disjoint turns, or a loop that recorded its outputs' versions, as the gateway does). Otherwise
+    the outputs share tokens the record cannot attribute: they get no per-token versions (a warning says so)."""
+    if len(outputs) == 1:
+        return [list(versions)]
+    counts = [sum(1 for m in output.response_mask if m) for output in outputs]
+    if sum(counts) != len(versions):
+        if versions and agent_name not in _UNATTRIBUTED:
+            _UNATTRIBUTED.add(agent_name)
+            logger.warning(
+                "agent loop %r: %d outputs with %d generated tokens for %d recorded token versions: their per-token "
+                "weight versions are not recorded (record them in the sample client's token_versions, in order); "
+                "said once per loop",
+                agent_name,
+                len(outputs),
+                sum(counts),
+                len(versions),
+            )
+        return [[] for _ in outputs]
+    bounds = np.cumsum([0, *counts])
+    return [list(versions[bounds[i] : bounds[i + 1]]) for i in range(len(outputs))]
 
 
 def _trace_scopes(batch: DataProto, step: int, validate: bool, seed: int) -> list[dict[str, Any]]:

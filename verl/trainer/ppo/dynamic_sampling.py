@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from verl.protocol import DataProto
+from verl.trainer.ppo.v1.multi_trajectory import has_multi_outputs, split_by_prompt
 from verl.utils.tracking.tables import FILTERED_REWARD_TABLE_KEY
 
 __all__ = ["StepState", "accumulate_groups", "group_filter_values"]
@@ -106,4 +107,6 @@ def accumulate_groups(batch: DataProto, step: StepState, config: Any) -> DataPro
         return None
     step.metrics["training/filter_groups/discarded_surplus_samples"] = step.kept_prompts - wanted
     merged = DataProto.concat(step.kept)
+    if has_multi_outputs(merged):  # the first `wanted` prompt groups, with all their outputs
+        return DataProto.concat(split_by_prompt(merged, step.kept_prompts)[:wanted])
     return merged[: wanted * int(config.actor_rollout_ref.rollout.n)]

@@ -11,7 +11,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from verl.experimental.agent_loop.postprocess import session_numbers
 from verl.protocol import DataProto
+from verl.trainer.ppo.v1.multi_trajectory import SESSION_ID, expand_to_outputs, final_rows, has_multi_outputs
 
 __all__ = ["PROMPT_TENSORS", "REWARD_KEYS", "Generated", "TrainerGeneration"]
 
@@ -82,15 +84,19 @@ class TrainerGeneration:
         output = self.async_rollout_manager.generate_sequences(gen.repeat(n, interleave=True))
         meta = output.meta_info
         output.meta_info = {"reward_extra_keys": meta.get("reward_extra_keys", [])}
-        batch = batch.repeat(n, interleave=True).union(output)
+        # each row gets its prompt's columns and its session (verl.trainer.ppo.v1.multi_trajectory)
+        batch = expand_to_outputs(batch.repeat(n, interleave=True), output).union(output)
+        batch.non_tensor_batch[SESSION_ID] = session_numbers(output) % n
         return Generated(batch, dict(meta.get("timing", {})), dict(meta.get("metrics", {})))
 
     def _compute_reward_baselines(self, prompts: DataProto, batch: DataProto) -> None:
         """ReMax's baseline: the reward of one greedy response per prompt, as ``reward_baselines`` of its samples."""
         greedy = self._generate(prompts, n=1, do_sample=False).batch
+        if has_multi_outputs(greedy):  # a multi-output session's baseline is its final output's reward
+            greedy = greedy.select_idxs(final_rows(greedy))
         scores = self._compute_or_extract_reward(greedy, self.reward_fn, sum_reward=True)
-        n = len(batch) // len(prompts)
-        batch.batch["reward_baselines"] = scores.repeat_interleave(n)
+        samples_per_prompt = (int(session_numbers(batch)[-1]) + 1) // len(prompts)
+        batch.batch["reward_baselines"] = scores[torch.as_tensor(session_numbers(batch) // samples_per_prompt)]
 
     def _step_uids(self, batch: DataProto, epoch: int, step: int | None = None) -> None:
         """Deterministic per-prompt ids from the dataset index (else the step's position) and the epoch."""

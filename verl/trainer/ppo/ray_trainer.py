@@ -82,6 +82,7 @@ from verl.trainer.ppo.utils import (
     need_teacher_policy,
 )
 from verl.trainer.ppo.v1.metrics import MetricsAggregator
+from verl.trainer.ppo.v1.multi_trajectory import PADDING_COLUMN, final_rows, has_multi_outputs, pad_rows
 from verl.trainer.ppo.v1.trainer_base import TrainerHooks
 from verl.trainer.ppo.validation import GenerationDumps, ValidationSamples
 from verl.trainer.ppo.worker_setup import spawn_worker_groups
@@ -346,6 +347,8 @@ class RayPPOTrainer(
                 first = len(samples.uids) // n
                 batch.non_tensor_batch["uid"] = np.array([f"val-{first + i}" for i in range(len(batch))], dtype=object)
                 batch = self._generate(batch, n=n, validate=True).batch
+                if has_multi_outputs(batch):  # veRL 0.10: a session is validated on its final output
+                    batch = batch.select_idxs(final_rows(batch))
                 samples.add(self.tokenizer, batch, *self._compute_or_extract_reward(batch, self.val_reward_fn))
         if trainer.log_val_generations > 0:
             picked = samples.pick(trainer.log_val_generations)
@@ -527,10 +530,14 @@ class RayPPOTrainer(
         """Log-probs, values, advantages and the updates of one part of the step (the whole batch unless the source
         streams); metrics into ``step``. Returns the part as trained (PF-PPO resamples it)."""
         timing, metrics = step.timing, step.metrics
+        grown = has_multi_outputs(batch)  # multi-output sessions: more rows than prompts × n, padded for the ranks
+        if grown:
+            batch = pad_rows(batch, self.actor_rollout_wg.world_size)
         if self.config.trainer.balance_batch:  # over the ranks that train it
             _, balance_metrics = balance_batch(batch, self.actor_rollout_wg.world_size)
             metrics.update(balance_metrics)
-        old_in_update = self.old_log_prob_in_update and self._updates_actor()
+        # the update's forward is the old policy's only when it is one mini-batch (verl.trainer.ppo.on_policy)
+        old_in_update = self.old_log_prob_in_update and self._updates_actor() and not grown
         if self.bypass_mode:  # the rollout's log-probs are the old ones: no forward pass
             apply_bypass_mode(batch)
         elif old_in_update:  # the update's own forward gives them (verl.trainer.ppo.on_policy)
@@ -557,6 +564,8 @@ class RayPPOTrainer(
                 metrics.update(reduce_metrics(update.meta_info["metrics"]))
                 if batch.meta_info.pop("old_log_prob_in_update", False):
                     batch.union(update.select(batch_keys=["old_log_probs"]))
+        if PADDING_COLUMN in batch.non_tensor_batch:  # the padding rows trained nothing: the step's metrics skip them
+            batch = batch.select_idxs(~batch.non_tensor_batch.pop(PADDING_COLUMN).astype(bool))
         return batch
 
     def _finish_step(self, batch: DataProto, step: StepState) -> dict[str, Any]:
@@ -584,7 +593,8 @@ class RayPPOTrainer(
             if self._profile_edge(self.global_steps, +1):
                 with self._stage("stop_profile", timing):
                     self._stop_profiling(True)
-        metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
+        finals = batch.select_idxs(final_rows(batch)) if has_multi_outputs(batch) else batch
+        metrics.update(compute_data_metrics(finals, use_critic=self.use_critic))  # a session's final output (veRL)
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughout_metrics(batch, timing, workers))
         return metrics

@@ -32,6 +32,7 @@ from verl.trainer.ppo.rollout_source import (
     refuse_own_rollout_filter,
     register_rollout_source,
 )
+from verl.trainer.ppo.v1.multi_trajectory import has_multi_outputs
 from verl.trainer.ppo.v1.replay_buffer import DAPO_FILTERED_REWARD_COUNTS_KEY, ReplayBuffer, ReplayBufferAsync
 from verl.utils.tracking.tables import FILTERED_REWARD_TABLE_KEY
 
@@ -164,6 +165,11 @@ def record_groups(
     DAPO's ``metric`` value) under its prompt's key (``keys``, one per prompt in the batch's order; default: the
     uids), then the group's end: ``failure`` when one of its samples failed (``__failed__``: not a trajectory),
     else ``finished``."""
+    if has_multi_outputs(batch):
+        raise NotImplementedError(
+            "agent loops returning several outputs per sample (multi-output sessions) do not run under "
+            "trainer.v1.sampler.schedule=replay_buffer yet: use the fixed-lag schedule (the default)"
+        )
     uids = batch.non_tensor_batch["uid"]
     failed = batch.non_tensor_batch.get(FAILED_COLUMN)
     values = group_filter_values(batch, metric) if metric else None

@@ -54,6 +54,7 @@ from verl.trainer.ppo.dynamic_sampling import StepState
 from verl.trainer.ppo.metric_utils import compute_partial_rollout_metrics
 from verl.trainer.ppo.rollout_source import RolloutSource, register_rollout_source
 from verl.trainer.ppo.sample_queue import QueueClosed, QueuedGroup, SampleQueue
+from verl.trainer.ppo.v1.multi_trajectory import split_by_prompt
 
 if TYPE_CHECKING:
     from verl.trainer.ppo.rollout_source import Rollouter
@@ -281,7 +282,7 @@ class SeparateAsyncRolloutSource(RolloutSource):
         batch = self.rollouter.rollout(
             chunk, step, epoch=drawn.epoch, seed_step=drawn.index + 1, first_prompt=drawn.done
         )
-        groups = batch.split(len(batch) // len(places))
+        groups = split_by_prompt(batch, len(places))  # each prompt's samples, with all their outputs
         for i, (place, group) in enumerate(zip(places, groups, strict=True)):
             timing, metrics = (step.timing, step.metrics) if i == 0 else ({}, {})
             self.queue.fill(place, Group(group, drawn.epoch, timing, metrics))

@@ -16,6 +16,12 @@ from verl.trainer.ppo.metric_utils import reduce_metrics
 from verl.trainer.ppo.reward import compute_reward_with_metrics
 from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
 from verl.trainer.ppo.utils import apply_kl_penalty, compute_advantage
+from verl.trainer.ppo.v1.multi_trajectory import (
+    compute_advantage_for_multi_trajectories,
+    has_multi_outputs,
+    share_final_reward,
+    trajectory_keys,
+)
 from verl.utils.seqlen_balancing import balance_batch
 
 __all__ = ["TrainerStages"]
@@ -59,6 +65,8 @@ class TrainerStages:
         if self.use_rm:
             batch = batch.union(self.rm_wg.compute_rm_score(batch))
         result = self._compute_or_extract_reward(batch, self.reward_fn, return_dict=True)
+        if has_multi_outputs(batch):  # a session's final output scores all of it (veRL 0.10)
+            result["reward_tensor"] = share_final_reward(batch, result["reward_tensor"])
         batch.batch["token_level_scores"] = result["reward_tensor"]
         extra = {key: values for key, values in result["reward_extra_info"].items() if len(values) == len(batch)}
         for key, values in extra.items():
@@ -106,15 +114,17 @@ class TrainerStages:
             batch, metrics = apply_kl_penalty(batch, self.kl_ctrl_in_reward, algo.kl_penalty)
         else:
             batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
-        compute_advantage(
-            batch,
-            algo.adv_estimator,
-            gamma=algo.gamma,
-            lam=algo.lam,
-            num_repeat=self.config.actor_rollout_ref.rollout.n,
-            norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
-            config=algo,
-        )
+        kwargs = {
+            "gamma": algo.gamma,
+            "lam": algo.lam,
+            "num_repeat": self.config.actor_rollout_ref.rollout.n,
+            "norm_adv_by_std_in_grpo": algo.norm_adv_by_std_in_grpo,
+            "config": algo,
+        }
+        if has_multi_outputs(batch):  # veRL 0.10: GRPO's groups are the sessions' final outputs
+            compute_advantage_for_multi_trajectories(batch, trajectory_keys(batch), algo.adv_estimator, **kwargs)
+        else:
+            compute_advantage(batch, algo.adv_estimator, **kwargs)
         return metrics
 
     def _pf_ppo_resample(self, batch: DataProto) -> DataProto:

@@ -4,6 +4,15 @@ A session (``{uid}_{session_id}``) may produce several trajectories, keyed ``{ui
 GRPO, the group statistics use each session's final output only (the highest ``index``): the estimator runs on
 those rows, and each session's scalar advantage is then given to every output of the session, on its own response
 tokens (the returns equal the advantages, as GRPO's do). Other estimators see the whole batch unchanged.
+
+In our batches a sample's outputs are numbered by ``__trajectory_index__`` (consecutive rows as the agent loops
+return them: :mod:`verl.experimental.agent_loop.postprocess`); the trainer's join gives every row its sample's
+``session_id`` (its place among its prompt's ``n`` samples, veRL's name), so ``(uid, session_id)`` names a session
+wherever a reordering (the ranks' balance) puts its rows. The helpers here give the rows' keys
+(:func:`trajectory_keys`), the sessions' final rows (:func:`final_rows`), join outputs to their prompts
+(:func:`expand_to_outputs`), cut a fresh rollout into prompt groups (:func:`split_by_prompt`), give a session's final
+reward to its other outputs (:func:`share_final_reward`) and pad a batch to a row count the data-parallel ranks
+divide (:func:`pad_rows`: rows that train nothing, as veRL's padding samples).
 """
 
 from __future__ import annotations
@@ -11,13 +20,129 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
+from verl.experimental.agent_loop.postprocess import TRAJECTORY_INDEX, session_numbers
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import AdvantageEstimator
 from verl.trainer.ppo.utils import compute_advantage
 
-__all__ = ["compute_advantage_for_multi_trajectories"]
+__all__ = [
+    "PADDING_COLUMN",
+    "SESSION_ID",
+    "compute_advantage_for_multi_trajectories",
+    "expand_to_outputs",
+    "final_rows",
+    "has_multi_outputs",
+    "pad_rows",
+    "share_final_reward",
+    "split_by_prompt",
+    "trajectory_keys",
+]
+
+# the column that flags the rows :func:`pad_rows` added
+PADDING_COLUMN = "__padding__"
+# each row's sample within its prompt group, [0, n) (veRL 0.10's trajectory field)
+SESSION_ID = "session_id"
+
+
+def has_multi_outputs(batch: DataProto) -> bool:
+    """Whether some sample of ``batch`` has more than one output row."""
+    index = batch.non_tensor_batch.get(TRAJECTORY_INDEX)
+    return index is not None and bool((np.asarray(index, dtype=np.int64) > 0).any())
+
+
+def _indices(batch: DataProto) -> np.ndarray:
+    index = batch.non_tensor_batch.get(TRAJECTORY_INDEX)
+    return np.zeros(len(batch), dtype=np.int64) if index is None else np.asarray(index, dtype=np.int64)
+
+
+def _session_ids(batch: DataProto) -> np.ndarray:
+    """Per row, its session's id: ``session_id`` where the batch has it (any row order), else the session's number
+    among consecutive rows."""
+    ids = batch.non_tensor_batch.get(SESSION_ID)
+    return session_numbers(batch) if ids is None else np.asarray(ids, dtype=np.int64)
+
+
+def _sessions(batch: DataProto) -> np.ndarray:
+    """Per row, its session as a number (0, 1, … in order of first appearance)."""
+    keys = list(zip(batch.non_tensor_batch["uid"], _session_ids(batch), strict=True))
+    numbers: dict[tuple[Any, int], int] = {}
+    return np.array([numbers.setdefault(key, len(numbers)) for key in keys], dtype=np.int64)
+
+
+def final_rows(batch: DataProto) -> np.ndarray:
+    """The row of each session's final output (its highest ``__trajectory_index__``), in row order."""
+    best: dict[int, tuple[int, int]] = {}
+    for row, (session, index) in enumerate(zip(_sessions(batch), _indices(batch), strict=True)):
+        if session not in best or best[session][0] < index:
+            best[int(session)] = (int(index), row)
+    return np.array(sorted(row for _, row in best.values()), dtype=np.int64)
+
+
+def trajectory_keys(batch: DataProto) -> list[str]:
+    """veRL 0.10's ``{uid}_{session_id}_{index}`` of each row."""
+    uids, ids, index = batch.non_tensor_batch["uid"], _session_ids(batch), _indices(batch)
+    return [f"{u}_{s}_{i}" for u, s, i in zip(uids, ids, index, strict=True)]
+
+
+def expand_to_outputs(repeated: DataProto, outputs: DataProto) -> DataProto:
+    """``repeated`` (one row per sample) with each row repeated once per output of its sample in ``outputs``, so
+    that the two join row by row; unchanged when every sample has one output."""
+    if len(outputs) == len(repeated):
+        return repeated
+    sessions = session_numbers(outputs)
+    count = int(sessions[-1]) + 1 if len(sessions) else 0
+    if count != len(repeated):
+        raise ValueError(f"the rollout returned outputs of {count} samples for {len(repeated)} prompts' samples")
+    return repeated.select_idxs(torch.as_tensor(sessions))
+
+
+def split_by_prompt(batch: DataProto, prompts: int) -> list[DataProto]:
+    """``batch`` cut into ``prompts`` consecutive groups of equally many samples (each prompt's ``n`` samples and
+    all their outputs)."""
+    sessions = session_numbers(batch)
+    count = int(sessions[-1]) + 1 if len(sessions) else 0
+    if prompts <= 0 or count % prompts:
+        raise ValueError(f"{count} samples do not split into {prompts} prompt groups")
+    group = sessions // (count // prompts)
+    bounds = np.searchsorted(group, np.arange(prompts + 1))
+    return [batch.slice(int(bounds[i]), int(bounds[i + 1])) for i in range(prompts)]
+
+
+def share_final_reward(batch: DataProto, reward: torch.Tensor) -> torch.Tensor:
+    """``reward`` (rows × response length) with each session's final-output reward given to its other outputs, at
+    their last response token (veRL 0.10: a session is scored on its final output)."""
+    finals, sessions = torch.as_tensor(final_rows(batch)), _sessions(batch)
+    is_final = torch.zeros(len(batch), dtype=torch.bool)
+    is_final[finals] = True
+    total_of = {int(sessions[row]): float(total) for row, total in zip(finals.tolist(), reward.sum(-1)[finals])}
+    totals = torch.tensor([total_of[int(s)] for s in sessions], dtype=reward.dtype)
+    valid = batch.batch["attention_mask"][:, -reward.shape[-1] :].sum(-1)
+    shared = torch.zeros_like(reward)
+    shared[torch.arange(len(batch)), (valid - 1).clamp(min=0)] = totals
+    return torch.where(is_final.unsqueeze(-1), reward, shared)
+
+
+def pad_rows(batch: DataProto, multiple: int) -> DataProto:
+    """``batch`` with rows appended until ``multiple`` divides its length: copies of its first row that train
+    nothing (no response token in the mask, zero scores, each its own prompt and sample), flagged in
+    :data:`PADDING_COLUMN` (veRL 0.10 pads a multi-output batch the same way)."""
+    missing = -len(batch) % multiple
+    if not missing:
+        return batch
+    pad = batch.select_idxs([0] * missing)
+    for key in ("response_mask", "rm_scores", "token_level_scores", "token_level_rewards"):
+        if key in pad.batch.keys():
+            pad.batch[key] = torch.zeros_like(pad.batch[key])
+    pad.non_tensor_batch["uid"] = np.array([f"pad-{i}" for i in range(missing)], dtype=object)
+    for key in (TRAJECTORY_INDEX, SESSION_ID):
+        if key in pad.non_tensor_batch:
+            pad.non_tensor_batch[key] = np.zeros(missing, dtype=np.int64)
+    batch.non_tensor_batch[PADDING_COLUMN] = np.zeros(len(batch), dtype=bool)
+    pad.non_tensor_batch[PADDING_COLUMN] = np.ones(missing, dtype=bool)
+    return DataProto.concat([batch, pad])
 
 
 def _session_of(key: str) -> tuple[str, int]:
