@@ -135,14 +135,12 @@ def test_a_batch_with_multi_output_sessions_joins_splits_keys_and_pads():
     assert padded.batch["response_mask"][7].sum() == 0 and padded.non_tensor_batch["uid"][7] == "pad-0"
     assert session_numbers(padded).tolist()[-1] == 4 and pad_rows(padded, 4) is padded
     # the trainer's join names each row's session (its sample within the prompt): keys and finals survive a reorder
-    from verl.trainer.ppo.v1.multi_trajectory import final_rows as trainer_final_rows
-
     out.non_tensor_batch["session_id"] = np.array([0, 0, 1, 0, 1, 1, 1])
     keys = trajectory_keys(out)
     assert keys == ["a_0_0", "a_0_1", "a_1_0", "b_0_0", "b_1_0", "b_1_1", "b_1_2"]
     shuffled = out.select_idxs([6, 0, 3, 5, 2, 1, 4])
     assert trajectory_keys(shuffled) == [keys[i] for i in (6, 0, 3, 5, 2, 1, 4)]
-    assert sorted(shuffled.batch["responses"][trainer_final_rows(shuffled)].flatten().tolist()) == [1, 2, 3, 6]
+    assert sorted(shuffled.batch["responses"][final_rows(shuffled)].flatten().tolist()) == [1, 2, 3, 6]
     # a reward computed per row (a reward model, the trainer's reward function): the final output's for the session
     out.batch["attention_mask"] = torch.tensor([[1, 1], [1, 0], [1, 1], [1, 1], [1, 1], [1, 1], [1, 0]])
     reward = torch.tensor([[0.0, 9.0], [5.0, 0.0], [0.0, 1.0], [0.0, 2.0], [0.0, 3.0], [0.0, 4.0], [6.0, 0.0]])

@@ -11,8 +11,9 @@ veRL), so that the batches of different agent loops concatenate.
 
 **Multi-output sessions** (veRL 0.10): a loop's ``run`` may return a list of outputs, one sample's trajectories in
 order (the last is the session's final output). Each becomes a row; ``__trajectory_index__`` numbers a sample's rows
-0, 1, … (veRL's ``{uid}_{session_id}_{index}`` key), so a row with index 0 starts a new sample (:func:`session_numbers`,
-:func:`final_rows`). A loop returning one output gives one row with index 0.
+0, 1, … (veRL's ``{uid}_{session_id}_{index}`` key), so a row with index 0 starts a new sample
+(:func:`session_numbers`); the trainer adds each row's ``session_id``, after which :func:`sessions` and
+:func:`final_rows` hold in any row order. A loop returning one output gives one row with index 0.
 
 :class:`_InternalAgentLoopOutput` is veRL's padded, tensor form of one output (importable from
 ``verl.experimental.agent_loop.agent_loop``).
@@ -33,6 +34,7 @@ from verl.protocol import DataProto
 from verl.workers.rollout.request import sequence_tensors
 
 __all__ = [
+    "SESSION_ID",
     "STABLE_EXTRA_FIELDS",
     "TRAJECTORY_INDEX",
     "SampleResult",
@@ -43,6 +45,7 @@ __all__ = [
     "rows_to_tensors",
     "samples_to_batch",
     "session_numbers",
+    "sessions",
     "version_ranges",
 ]
 
@@ -52,6 +55,8 @@ FAILED_COLUMN = "__failed__"
 
 # the column numbering each sample's outputs (multi-output sessions): 0 for its first row
 TRAJECTORY_INDEX = "__trajectory_index__"
+# the trainer's column: each row's sample within its prompt group, [0, n) (veRL 0.10's trajectory field)
+SESSION_ID = "session_id"
 
 # extra_fields columns every batch has (veRL's), whichever loops produced it
 STABLE_EXTRA_FIELDS = ("turn_scores", "tool_rewards", "min_global_steps", "max_global_steps", "extras")
@@ -94,8 +99,9 @@ def version_ranges(response_mask: Sequence[int], token_versions: Sequence[int]) 
 
 
 def session_numbers(batch: DataProto) -> np.ndarray:
-    """Per row, the number of the sample (session) it belongs to, counting from 0 in row order: a new one starts at
-    every row whose ``__trajectory_index__`` is 0 (every row is its own sample in a batch without the column)."""
+    """Per row of a rollout in the agent loops' order, the number of the sample (session) it belongs to, counting
+    from 0: a new one starts at every row whose ``__trajectory_index__`` is 0 (every row is its own sample in a batch
+    without the column)."""
     index = batch.non_tensor_batch.get(TRAJECTORY_INDEX)
     if index is None:
         return np.arange(len(batch))
@@ -105,12 +111,26 @@ def session_numbers(batch: DataProto) -> np.ndarray:
     return np.cumsum(index == 0) - 1
 
 
+def sessions(batch: DataProto) -> np.ndarray:
+    """Per row, its session as a number (0, 1, … in order of first appearance), in any row order where the batch
+    names them (``uid`` and the trainer's ``session_id``), else by :func:`session_numbers`."""
+    ids = batch.non_tensor_batch.get(SESSION_ID)
+    if ids is None or "uid" not in batch.non_tensor_batch:
+        return session_numbers(batch)
+    numbers: dict[tuple[Any, int], int] = {}
+    keys = zip(batch.non_tensor_batch["uid"], np.asarray(ids, dtype=np.int64).tolist(), strict=True)
+    return np.array([numbers.setdefault(key, len(numbers)) for key in keys], dtype=np.int64)
+
+
 def final_rows(batch: DataProto) -> np.ndarray:
-    """The row of each sample's final output (its last row), in sample order."""
-    sessions = session_numbers(batch)
-    if not len(sessions):
-        return sessions
-    return np.flatnonzero(np.append(sessions[1:] != sessions[:-1], True))
+    """The row of each session's final output (its highest ``__trajectory_index__``), in row order."""
+    index = batch.non_tensor_batch.get(TRAJECTORY_INDEX)
+    index = np.zeros(len(batch), dtype=np.int64) if index is None else np.asarray(index, dtype=np.int64)
+    best: dict[int, tuple[int, int]] = {}
+    for row, (session, i) in enumerate(zip(sessions(batch).tolist(), index.tolist(), strict=True)):
+        if session not in best or best[session][0] < i:
+            best[session] = (i, row)
+    return np.array(sorted(row for _, row in best.values()), dtype=np.int64)
 
 
 def pad_sample(

@@ -23,7 +23,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from verl.experimental.agent_loop.postprocess import TRAJECTORY_INDEX, session_numbers
+from verl.experimental.agent_loop.postprocess import (
+    SESSION_ID,
+    TRAJECTORY_INDEX,
+    final_rows,
+    session_numbers,
+    sessions,
+)
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import AdvantageEstimator
 from verl.trainer.ppo.utils import compute_advantage
@@ -43,8 +49,6 @@ __all__ = [
 
 # the column that flags the rows :func:`pad_rows` added
 PADDING_COLUMN = "__padding__"
-# each row's sample within its prompt group, [0, n) (veRL 0.10's trajectory field)
-SESSION_ID = "session_id"
 
 
 def has_multi_outputs(batch: DataProto) -> bool:
@@ -59,26 +63,9 @@ def _indices(batch: DataProto) -> np.ndarray:
 
 
 def _session_ids(batch: DataProto) -> np.ndarray:
-    """Per row, its session's id: ``session_id`` where the batch has it (any row order), else the session's number
-    among consecutive rows."""
+    """Per row, its ``session_id`` where the batch has it, else its session's number among consecutive rows."""
     ids = batch.non_tensor_batch.get(SESSION_ID)
     return session_numbers(batch) if ids is None else np.asarray(ids, dtype=np.int64)
-
-
-def _sessions(batch: DataProto) -> np.ndarray:
-    """Per row, its session as a number (0, 1, … in order of first appearance)."""
-    keys = list(zip(batch.non_tensor_batch["uid"], _session_ids(batch), strict=True))
-    numbers: dict[tuple[Any, int], int] = {}
-    return np.array([numbers.setdefault(key, len(numbers)) for key in keys], dtype=np.int64)
-
-
-def final_rows(batch: DataProto) -> np.ndarray:
-    """The row of each session's final output (its highest ``__trajectory_index__``), in row order."""
-    best: dict[int, tuple[int, int]] = {}
-    for row, (session, index) in enumerate(zip(_sessions(batch), _indices(batch), strict=True)):
-        if session not in best or best[session][0] < index:
-            best[int(session)] = (int(index), row)
-    return np.array(sorted(row for _, row in best.values()), dtype=np.int64)
 
 
 def trajectory_keys(batch: DataProto) -> list[str]:
@@ -114,11 +101,11 @@ def split_by_prompt(batch: DataProto, prompts: int) -> list[DataProto]:
 def share_final_reward(batch: DataProto, reward: torch.Tensor) -> torch.Tensor:
     """``reward`` (rows × response length) with each session's final-output reward given to its other outputs, at
     their last response token (veRL 0.10: a session is scored on its final output)."""
-    finals, sessions = torch.as_tensor(final_rows(batch)), _sessions(batch)
+    finals, of_row = torch.as_tensor(final_rows(batch)), sessions(batch)
     is_final = torch.zeros(len(batch), dtype=torch.bool)
     is_final[finals] = True
-    total_of = {int(sessions[row]): float(total) for row, total in zip(finals.tolist(), reward.sum(-1)[finals])}
-    totals = torch.tensor([total_of[int(s)] for s in sessions], dtype=reward.dtype)
+    total_of = {int(of_row[row]): float(total) for row, total in zip(finals.tolist(), reward.sum(-1)[finals])}
+    totals = torch.tensor([total_of[int(s)] for s in of_row], dtype=reward.dtype)
     valid = batch.batch["attention_mask"][:, -reward.shape[-1] :].sum(-1)
     shared = torch.zeros_like(reward)
     shared[torch.arange(len(batch)), (valid - 1).clamp(min=0)] = totals
