@@ -12,8 +12,8 @@ what veRL passes, what ours passes, and how many of veRL's passing tests ours pa
         --only tests/test_protocol_on_cpu.py
 
 A generation names the veRL commit and the files in scope. Files that test what another issue builds (Megatron,
-SGLang, vLLM internals, multimodal inputs, distillation, the reward loop, the transfer queue) are listed with that
-reason and not run unless ``--all``.
+SGLang, vLLM internals, multimodal inputs, distillation, the transfer queue) are listed with that reason and not run
+unless ``--all``.
 """
 
 from __future__ import annotations
@@ -58,10 +58,9 @@ EARLY_2026 = {  # volcengine/verl b178a3c: the files of the carry-over issue
 }
 
 _LATER = "issue 42 (V1 trainer)"
-_REWARD_LOOP = "issue 43 (reward loop)"
-_DISTILL = "issue 44 (distillation)"
-_MEGATRON = "issue 45 (Megatron)"
-_SGLANG = "issue 46 (SGLang)"
+_DISTILL = "veRL's FSDP distillation internals (verl.trainer.distillation.fsdp's private helpers)"
+_MEGATRON = "veRL's Megatron internals (its engine module, checkpoint manager, Muon optimizer, router replay)"
+_SGLANG = "veRL's SGLang LoRA-merge internals (and the sglang venv)"
 _VLLM = "vLLM internals (weight names, CLI args, quantisation, disaggregation)"
 _MM = "multimodal / audio inputs"
 _TQ = "TransferQueue (an external service)"
@@ -70,6 +69,9 @@ V010 = {  # verl-project/verl 1dda039 (2026-08-22): the snapshot the V1 interfac
     "rev": "1dda039",
     "in_scope": [
         "tests/checkpoint_engine/test_global_steps_on_cpu.py",
+        "tests/experimental/fully_async_policy/test_async_genrm_config_on_cpu.py",
+        "tests/experimental/reward_loop/test_async_token_bucket_on_cpu.py",
+        "tests/experimental/reward_loop/test_rate_limited_reward_manager_on_cpu.py",
         "tests/checkpoint_engine/test_fsdp_lora_only_checkpoint_on_cpu.py",
         "tests/experimental/agent_loop/test_agent_loop_extra_fields_schema_on_cpu.py",
         "tests/experimental/agent_loop/test_call_tool_on_cpu.py",
@@ -136,9 +138,6 @@ V010 = {  # verl-project/verl 1dda039 (2026-08-22): the snapshot the V1 interfac
         "tests/trainer/ppo/v1/test_separate_async_step_switch_on_cpu.py": _LATER,
         "tests/trainer/ppo/v1/test_streaming_feed_on_cpu.py": _LATER,
         "tests/trainer/ppo/v1/test_trainer_base_on_cpu.py": _LATER,
-        "tests/experimental/reward_loop/test_async_token_bucket_on_cpu.py": _REWARD_LOOP,
-        "tests/experimental/reward_loop/test_rate_limited_reward_manager_on_cpu.py": _REWARD_LOOP,
-        "tests/experimental/fully_async_policy/test_async_genrm_config_on_cpu.py": _REWARD_LOOP,
         "tests/workers/test_chunked_topk_log_probs_on_cpu.py": _DISTILL,
         "tests/workers/test_distillation_topk_symmetry_on_cpu.py": _DISTILL,
         "tests/workers/test_megatron_distillation_only_on_cpu.py": _MEGATRON,

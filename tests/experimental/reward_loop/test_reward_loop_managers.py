@@ -96,6 +96,14 @@ def test_the_registry_and_the_batch_backed_managers_score_as_the_batch_managers(
     assert got["reward_extra_info"]["acc"] == [1.0, 0.0, 1.0, 0.0]  # a number is also acc (veRL's rule)
     one = asyncio.run(fn.manager.run_single(data[0:1]))
     assert one == {"reward_score": 1.0, "reward_extra_info": {"acc": 1.0}}
+    # veRL's module paths, and the dapo manager's overlong settings read from reward.reward_kwargs
+    from verl.experimental.reward_loop.reward_manager.dapo import DAPORewardManager
+
+    buffer = {"enable": True, "len": 2, "penalty_factor": 1.0, "log": False}
+    config.reward.reward_kwargs = {"overlong_buffer_cfg": buffer, "max_resp_len": 4}
+    dapo = DAPORewardManager(config=config, tokenizer=tokenizer)
+    assert get_reward_manager_cls("dapo") is DAPORewardManager and dapo.max_resp_len == 4
+    assert dapo.overlong_buffer_cfg["len"] == 2
 
 
 def test_a_users_reward_loop_manager_by_path_and_a_judge_that_always_fails(tokenizer, user_file):

@@ -83,6 +83,19 @@ class TestNaive:
         assert out["reward_metrics"] == {"reward/error_count": 0, "reward/timeout_count": 0}
         assert torch.equal(manager(batch), tensor)
 
+    def test_a_tokenizer_with_decode_only_is_enough(self, tokenizer, make_batch):
+        """veRL's managers call only ``decode``: a tokenizer-like object without ``batch_decode`` scores the same."""
+
+        class DecodeOnly:
+            eos_token_id, pad_token_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+
+            def decode(self, ids, skip_special_tokens=True):
+                return tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+        batch = make_batch(SAMPLES)
+        expected = NaiveRewardManager(tokenizer, 0, num_workers=0)(batch)
+        assert torch.equal(NaiveRewardManager(DecodeOnly(), 0, num_workers=0)(batch), expected)
+
     def test_without_response_mask_the_attention_mask_is_used(self, tokenizer, make_batch):
         manager = NaiveRewardManager(tokenizer, 0, num_workers=0)
         with_mask = manager(make_batch(SAMPLES))
@@ -245,7 +258,7 @@ class TestDAPO:
         ],
     )
     def test_buffer_config_is_validated(self, tokenizer, max_resp_len, length, match):
-        with pytest.raises(ValueError, match=match):
+        with pytest.raises(ValueError, match=match) as raised:
             DAPORewardManager(
                 tokenizer,
                 0,
@@ -253,6 +266,7 @@ class TestDAPO:
                 overlong_buffer_cfg={"enable": True, "len": length},
                 num_workers=0,
             )
+        assert isinstance(raised.value, AssertionError)  # what veRL's constructor raises, for code catching it
 
 
 class TestRegistry:

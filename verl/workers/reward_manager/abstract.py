@@ -194,8 +194,8 @@ class AbstractRewardManager:
         prompt_mask = attention[:, : prompt_tokens.shape[-1]].bool()
         prompt_ids = [prompt_tokens[i][prompt_mask[i]].tolist() for i in range(len(data))]
         response_ids = [responses[i, : int(n)].tolist() for i, n in enumerate(valid_lengths)]
-        prompt_strs = self.tokenizer.batch_decode(prompt_ids, skip_special_tokens=True)
-        response_strs = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
+        prompt_strs = _decode_all(self.tokenizer, prompt_ids)
+        response_strs = _decode_all(self.tokenizer, response_ids)
         eos_ids = _end_token_ids(self.tokenizer)
         reward_models = ntb.get("reward_model")
         extra_infos = ntb.get("extra_info")
@@ -284,6 +284,14 @@ class AbstractRewardManager:
                 sample.ground_truth,
                 value,
             )
+
+
+def _decode_all(tokenizer: Any, ids: list[list[int]]) -> list[str]:
+    """The texts of ``ids`` (special tokens skipped): ``batch_decode`` where the tokenizer has it, else ``decode``
+    per sequence (veRL's managers call only ``decode``, so a tokenizer-like object may have nothing else)."""
+    if hasattr(tokenizer, "batch_decode"):
+        return tokenizer.batch_decode(ids, skip_special_tokens=True)
+    return [tokenizer.decode(one, skip_special_tokens=True) for one in ids]
 
 
 def _end_token_ids(tokenizer: Any) -> set[int]:

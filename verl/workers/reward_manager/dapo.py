@@ -18,7 +18,12 @@ from typing import Any
 from verl.workers.reward_manager.abstract import AbstractRewardManager, RewardSample, ScoredBatch
 from verl.workers.reward_manager.registry import register
 
-__all__ = ["DAPORewardManager"]
+__all__ = ["DAPORewardManager", "OverlongBufferError"]
+
+
+class OverlongBufferError(ValueError, AssertionError):
+    """A bad ``overlong_buffer_cfg`` / ``max_resp_len``: a ``ValueError``, and an ``AssertionError`` as veRL's
+    constructor raises, so code catching either sees it."""
 
 
 @register("dapo")
@@ -42,15 +47,15 @@ class DAPORewardManager(AbstractRewardManager):
         cfg = overlong_buffer_cfg or {}
         if cfg.get("enable", False):
             if not isinstance(max_resp_len, int) or max_resp_len <= 0:
-                raise ValueError(
-                    f"reward.reward_kwargs.overlong_buffer_cfg.enable=True needs max_resp_len "
+                raise OverlongBufferError(
+                    f"reward.reward_kwargs.overlong_buffer_cfg.enable=True: max_resp_len must be provided "
                     f"(data.max_response_length) as a positive int, got {max_resp_len!r}"
                 )
             length = cfg.get("len")
             if not isinstance(length, int) or not 0 < length <= max_resp_len:
-                raise ValueError(
-                    f"reward.reward_kwargs.overlong_buffer_cfg.len={length!r} must be an int in (0, {max_resp_len}] "
-                    "(data.max_response_length)"
+                raise OverlongBufferError(
+                    f"reward.reward_kwargs.overlong_buffer_cfg.len={length!r} must be an int in (0, {max_resp_len}]: "
+                    "max_resp_len must be larger than the buffer (data.max_response_length)"
                 )
 
     def score(self, samples: list[RewardSample]) -> ScoredBatch:

@@ -4,11 +4,9 @@
 
 from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER, get_reward_manager_cls, register  # noqa: I001
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase, ScoreInputs, score_result
-from verl.experimental.reward_loop.reward_manager.batch_backed import (
-    DAPORewardManager,
-    GDPORewardManager,
-    NaiveRewardManager,
-)
+from verl.experimental.reward_loop.reward_manager.dapo import DAPORewardManager
+from verl.experimental.reward_loop.reward_manager.gdpo import GDPORewardManager
+from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager
 from verl.experimental.reward_loop.reward_manager.limited import RateLimitedRewardManager
 from verl.experimental.reward_loop.reward_manager.remote import RemoteRewardManager
 

@@ -1,4 +1,5 @@
-"""``naive``, ``dapo`` and ``gdpo`` at veRL 0.10's reward-loop names, for code that imports or subclasses them.
+"""The base of ``naive``, ``dapo`` and ``gdpo`` at veRL 0.10's reward-loop names (each in its module of veRL's
+name), for code that imports or subclasses them.
 
 Each is the batch manager of the same name (`verl.workers.reward_manager`: one place for each scoring rule, with
 its scoring processes, time limits and failure counts) scoring one sample per ``run_single``. A run that names
@@ -12,13 +13,12 @@ import threading
 from typing import Any
 
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
-from verl.experimental.reward_loop.reward_manager.registry import register
 from verl.protocol import DataProto
 
-__all__ = ["DAPORewardManager", "GDPORewardManager", "NaiveRewardManager"]
+__all__ = ["BatchBackedRewardManager"]
 
 
-class _BatchBacked(RewardManagerBase):
+class BatchBackedRewardManager(RewardManagerBase):
     """``run_single`` over the batch manager registered as :attr:`batch_name`."""
 
     batch_name = "naive"
@@ -62,24 +62,3 @@ class _BatchBacked(RewardManagerBase):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._one_at_a_time = threading.Lock()
-
-
-@register("naive")
-class NaiveRewardManager(_BatchBacked):
-    """``compute_score`` per sample."""
-
-    batch_name = "naive"
-
-
-@register("dapo")
-class DAPORewardManager(_BatchBacked):
-    """``compute_score`` plus DAPO's overlong penalty (``reward.reward_kwargs.overlong_buffer_cfg``)."""
-
-    batch_name = "dapo"
-
-
-@register("gdpo")
-class GDPORewardManager(_BatchBacked):
-    """``compute_score`` with ``experiment_name`` in ``extra_info``."""
-
-    batch_name = "gdpo"
