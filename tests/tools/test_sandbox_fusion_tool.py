@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -263,3 +264,36 @@ def test_rate_limit_bounds_the_runs_in_flight(tmp_path, monkeypatch, rate_limit,
     # per tool: each of the two tools may run rate_limit at once; global: both share one limit
     assert server.max_in_flight == (rate_limit if global_limit else 2 * rate_limit)
     assert tools[0].execution_pool.limiter.scope == ("process" if global_limit else "tool")
+
+
+def test_check_correctness_grades_each_case_on_the_service():
+    """veRL's per-case grading: pass, wrong answer, runtime error and timeout on one program; a call-based problem
+    (``fn_name``) compared as JSON; the semaphore bounds the runs in flight; bad in_outs named."""
+    program = textwrap.dedent(
+        """\
+        x = input()
+        if x == "boom":
+            raise SystemExit(3)
+        if x == "slow":
+            import time
+            time.sleep(30)
+        print(x.upper())
+        """
+    )
+    cases = {"inputs": ["ab", "cd", "boom", "slow"], "outputs": ["AB\n", "XX", "", ""]}
+    with FusionServer() as server:
+        results, meta = fusion_utils.check_correctness(server.url, cases, program, timeout=5)
+        assert results == [True, False, -2, -3]
+        assert [m["status"] for m in meta] == ["success", "wrong_answer", "runtime_error", "timeout"]
+        assert meta[1]["stdout"] == "CD\n" and meta[2]["exit_code"] == 3 and meta[0]["case_index"] == 0
+        solution = "class Solution:\n    def add(self, a, b):\n        return [a + b]"
+        call_based = {"fn_name": "add", "inputs": ["[1, 2]", "[3, 4]"], "outputs": ["[3]", "[8]"]}
+        semaphore, server.max_in_flight = threading.Semaphore(1), 0  # the first program ran its 4 cases at once
+        results, _ = fusion_utils.check_correctness(server.url, call_based, solution, concurrent_semaphore=semaphore)
+        assert results == [True, False] and server.max_in_flight == 1
+    for bad in (None, {}, {"inputs": ["1"]}):
+        assert fusion_utils.check_correctness(server.url, bad, "print(1)") == (
+            [-1],
+            [{"error": "Invalid input/output data"}],
+        )
+    assert fusion_utils.check_correctness(server.url, {"inputs": ["1"], "outputs": []}, "")[0] == [-1]

@@ -91,6 +91,23 @@ def test_compute_score_all_cases_then_per_case_fraction():
     assert default_compute_score("codecontests", completion, json.dumps(ADD)) == 1.0
 
 
+def test_veRLs_module_level_helpers_score_lists_of_completions():
+    """veRL's ``prime.parallel_compute_score_async`` (scoring processes; a failing call scores 0) and
+    ``prime_code.apps_check_correctness``."""
+    import asyncio
+
+    from verl.workers.reward_manager.prime import parallel_compute_score_async, run_reward_scoring
+
+    completions = [f"```python\n{ADD_SOLUTION}\n```", "```python\nprint(0)\n```", "anything"]
+    tasks = ["codecontests", "codecontests", "no_such_source"]  # the last has no scorer: it scores 0
+    truths = [json.dumps(ADD)] * 3
+    scores = asyncio.run(
+        parallel_compute_score_async(default_compute_score, completions, truths, tasks, num_processes=2)
+    )
+    assert scores == [1.0, 0.0, 0.0] and run_reward_scoring(default_compute_score, completions, truths, tasks) == scores
+    assert prime_code.apps_check_correctness(in_outs=ADD, generation=ADD_SOLUTION, timeout=2)[0] == [True] * 3
+
+
 def _code_batch(tokenizer, solutions: list[str], ground_truths: list[str], data_source: str) -> DataProto:
     """A rollout batch whose responses are ``solutions`` (right-padded, EOS-ended) after a one-token prompt."""
     ids = [tokenizer(s, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for s in solutions]

@@ -11,22 +11,32 @@ of a batch fails, the manager raises instead of training on zeros (veRL would sc
 
 After a call, ``data.batch["acc"]`` holds each sample's score (float32, one per row), which PRIME's implicit
 reward model and its ``reward_gt_coef`` read; :meth:`PrimeRewardManager.verify` returns the same scores as a list.
+
+veRL's module-level helpers are here too: :func:`parallel_compute_score_async` / :func:`run_reward_scoring` score
+lists of completions in the same kind of process pool (a failed or timed-out call scores 0, as in veRL).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from verl.protocol import DataProto
-from verl.utils.reward_score.pool import ScoreResult
+from verl.utils.reward_score.pool import RewardScorePool, ScoreResult
 from verl.workers.reward_manager.abstract import AbstractRewardManager, RewardSample, ScoredBatch
 from verl.workers.reward_manager.registry import register
 
-__all__ = ["DEFAULT_NUM_WORKERS", "DEFAULT_TIMEOUT_S", "PrimeRewardManager"]
+__all__ = [
+    "DEFAULT_NUM_WORKERS",
+    "DEFAULT_TIMEOUT_S",
+    "PrimeRewardManager",
+    "parallel_compute_score_async",
+    "run_reward_scoring",
+]
 
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_NUM_WORKERS = min(64, os.cpu_count() or 1)
@@ -90,3 +100,52 @@ class PrimeRewardManager(AbstractRewardManager):
         """Score the batch, store the scores as ``data.batch["acc"]`` and return them."""
         self(data)
         return data.batch["acc"].tolist()
+
+
+def _score_lists(
+    evaluation_func: Callable[..., Any],
+    completions: Sequence[str],
+    references: Sequence[Any],
+    tasks: Sequence[str],
+    extra_info: Sequence[Any] | None,
+    num_processes: int,
+) -> list[float]:
+    extra_info = [None] * len(tasks) if extra_info is None else extra_info
+    calls = [
+        ((task, completion, reference, extra), {})
+        for completion, reference, task, extra in zip(completions, references, tasks, extra_info, strict=True)
+    ]
+    with RewardScorePool(
+        evaluation_func, num_workers=min(num_processes, len(calls)) or 1, timeout_s=DEFAULT_TIMEOUT_S
+    ) as pool:
+        results = [_first_if_sequence(result) for result in pool.run(calls)]
+    return [float(r.value) if r.ok and isinstance(r.value, int | float) else 0.0 for r in results]
+
+
+async def parallel_compute_score_async(
+    evaluation_func: Callable[..., Any],
+    completions: Sequence[str],
+    references: Sequence[Any],
+    tasks: Sequence[str],
+    extra_info: Sequence[Any] | None = None,
+    num_processes: int = 64,
+) -> list[float]:
+    """veRL's helper: ``evaluation_func(task, completion, reference, extra_info)`` for each row, in up to
+    ``num_processes`` scoring processes (each call cut at 300 s); a failed or timed-out call scores 0, a sequence
+    result scores its first element."""
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(
+        None, _score_lists, evaluation_func, completions, references, tasks, extra_info, num_processes
+    )
+
+
+def run_reward_scoring(
+    evaluation_func: Callable[..., Any],
+    completions: Sequence[str],
+    references: Sequence[Any],
+    tasks: Sequence[str],
+    extra_info: Sequence[Any] | None = None,
+    num_processes: int = 64,
+) -> list[float]:
+    """:func:`parallel_compute_score_async` from synchronous code."""
+    return _score_lists(evaluation_func, completions, references, tasks, extra_info, num_processes)

@@ -13,7 +13,9 @@ from typing import Any
 
 from verl.utils.reward_score.prime_code.utils import check_correctness
 
-__all__ = ["MAX_CONTINUOUS_CASES", "compute_score", "extract_solution"]
+__all__ = ["MAX_CONTINUOUS_CASES", "apps_check_correctness", "compute_score", "extract_solution"]
+
+apps_check_correctness = check_correctness  # veRL's name for it in this module
 
 logger = logging.getLogger(__name__)
 

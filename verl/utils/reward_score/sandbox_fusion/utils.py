@@ -18,12 +18,22 @@ limit. A run cut at the time limit reports ``TimeLimitExceeded``; one killed oth
 
 :func:`run_code` picks between them: a ``sandbox_fusion_url`` that is empty, None or ``"local"`` means the local
 sandbox.
+
+:func:`check_correctness` (veRL's name and signature) runs a program on the service once per test case, the cases at
+once (at most ``concurrent_semaphore``'s count in flight across the threads and processes that share it), and
+grades each: ``True`` (its stdout equals the expected output, trailing newlines aside), ``False`` (another output),
+``-1`` (the API call or the sandbox failed), ``-2`` (a runtime error), ``-3`` (the run timed out), ``-4`` (it did not
+compile; the cases after the first such one count as not compiling too). A case's ``assert_case`` is appended to the
+code. With ``fn_name`` (call-based problems, Python), the program calls that function (or ``Solution().<fn_name>``)
+with the case's input parsed as JSON (a list: positional arguments) and prints the result as JSON; an output then
+matches when both parse to equal JSON values.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import logging
 import math
@@ -34,10 +44,12 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 __all__ = [
+    "DEFAULT_TIMEOUT",
     "LOCAL_SANDBOX_URLS",
     "MAX_RETRIES",
     "SUPPORTED_LANGUAGES",
     "call_sandbox_api",
+    "check_correctness",
     "is_local",
     "run_code",
     "run_in_local_sandbox",
@@ -49,6 +61,7 @@ logger = logging.getLogger(__name__)
 MAX_RETRIES = 3  # attempts when the service answers 504
 RETRY_DELAY_S = 1.0  # the wait before retry k is k times this
 API_TIMEOUT_S = 10  # added to compile + run timeouts for the HTTP request itself
+DEFAULT_TIMEOUT = 10  # seconds a test case may compile, and run
 LOCAL_SANDBOX_URLS = ("", "local")  # (and None) run in the local sandbox
 LOCAL_OUTPUT_BYTES = 1 << 20  # stdout and stderr cap of a local run, each
 # SandboxFusion's languages (its README); the local sandbox runs only "python".
@@ -176,3 +189,158 @@ def run_code(
     if language != "python":
         return None, f"language {language!r} cannot run in the local sandbox (python only); set sandbox_fusion_url"
     return run_in_local_sandbox(code, timeout, memory_limit_mb), None
+
+
+# check_correctness's grade of a case that did not pass (veRL's codes)
+API_ERROR, RUNTIME_ERROR, RUN_TIMEOUT, COMPILE_ERROR = -1, -2, -3, -4
+
+_CALL_WRAPPER = """
+
+import json as _verl_json
+import sys as _verl_sys
+
+_verl_args = _verl_json.loads(_verl_sys.stdin.read() or "[]")
+_verl_fn = globals().get({name!r}) or getattr(globals()["Solution"](), {name!r})
+_verl_out = _verl_fn(*_verl_args) if isinstance(_verl_args, list) else _verl_fn(_verl_args)
+print(_verl_json.dumps(_verl_out))
+"""
+
+
+def _same_output(actual: str, expected: Any, as_json: bool) -> bool:
+    if str(actual).rstrip("\n") == str(expected).rstrip("\n"):
+        return True
+    if not as_json:
+        return False
+    try:
+        want = json.loads(expected) if isinstance(expected, str) else expected
+        return json.loads(actual) == want
+    except (TypeError, ValueError):
+        return False
+
+
+def _grade(response: dict[str, Any], expected: Any, as_json: bool, meta: dict[str, Any]) -> bool | int:
+    """The grade of one case from SandboxFusion's ``response``; ``meta`` gets its details."""
+    compiled, run = response.get("compile_result") or {}, response.get("run_result") or {}
+    meta.update(
+        api_status=response.get("status"),
+        compile_status=compiled.get("status"),
+        compile_duration=compiled.get("execution_time"),
+        compile_stderr=compiled.get("stderr"),
+        run_status=run.get("status"),
+        stdout=run.get("stdout"),
+        stderr=run.get("stderr"),
+        exit_code=run.get("return_code"),
+        duration=run.get("execution_time"),
+    )
+    status = response.get("status")
+    if status == "Success" and run.get("status") == "Finished":
+        passed = expected is None or _same_output(run.get("stdout") or "", expected, as_json)
+        meta["status"] = "success" if passed else "wrong_answer"
+        return passed
+    if status == "Failed":
+        compile_failed = compiled and (
+            compiled.get("status") in ("Error", "TimeLimitExceeded")
+            or (compiled.get("status") == "Finished" and compiled.get("return_code") != 0)
+        )
+        if compile_failed:
+            meta["status"] = "compile_timeout" if compiled.get("status") == "TimeLimitExceeded" else "compile_error"
+            return COMPILE_ERROR
+        if run.get("status") == "TimeLimitExceeded":
+            meta["status"] = "timeout"
+            return RUN_TIMEOUT
+        if run.get("status") == "Error" or (run.get("status") == "Finished" and run.get("return_code") != 0):
+            meta["status"] = "runtime_error"
+            return RUNTIME_ERROR
+    meta["status"] = "sandbox_error" if status == "SandboxError" else f"unexpected_state_{status}"
+    return API_ERROR
+
+
+def _check_case(
+    index: int,
+    stdin: Any,
+    expected: Any,
+    sandbox_fusion_url: str,
+    code: str,
+    timeout: int,
+    memory_limit_mb: int,
+    language: str,
+    semaphore: Any,
+    as_json: bool,
+) -> tuple[bool | int, dict[str, Any]]:
+    meta: dict[str, Any] = {
+        "case_index": index,
+        "input": stdin if stdin is None else str(stdin),
+        "expected_output": expected if expected is None else str(expected),
+        "api_request_error": None,
+        "api_response": None,
+        "status": "unknown",
+    }
+    stdin_text = stdin if stdin is None or isinstance(stdin, str) else json.dumps(stdin)
+    with semaphore if semaphore is not None else contextlib.nullcontext():
+        response, error = call_sandbox_api(
+            sandbox_fusion_url=sandbox_fusion_url,
+            code=code,
+            stdin=stdin_text,
+            compile_timeout=timeout,
+            run_timeout=timeout,
+            memory_limit_mb=memory_limit_mb,
+            language=language,
+        )
+    if error is not None or response is None:
+        meta.update(status="api_error", api_request_error=error or "no response")
+        return API_ERROR, meta
+    meta["api_response"] = response
+    return _grade(response, expected, as_json, meta), meta
+
+
+def check_correctness(
+    sandbox_fusion_url: str,
+    in_outs: dict[str, Any] | None,
+    generation: str,
+    timeout: int = DEFAULT_TIMEOUT,
+    memory_limit_mb: int = 1024,
+    language: str = "python",
+    concurrent_semaphore: Any = None,
+) -> tuple[list[bool | int], list[dict[str, Any]]]:
+    """Grade ``generation`` on each test case of ``in_outs`` (``inputs``, ``outputs``, optional ``assert_case`` and
+    ``fn_name``) on the SandboxFusion service; returns the grades and each case's details, in the cases' order (see
+    the module docstring). Bad ``in_outs`` gives ``[-1]`` (or -1 per case when the lists' lengths differ)."""
+    if not isinstance(in_outs, dict) or "inputs" not in in_outs or "outputs" not in in_outs:
+        return [API_ERROR], [{"error": "Invalid input/output data"}]
+    inputs, outputs = list(in_outs["inputs"]), list(in_outs["outputs"])
+    if not inputs:
+        return [], []
+    asserts = list(in_outs.get("assert_case") or [""] * len(inputs))
+    if len(outputs) != len(inputs) or len(asserts) != len(inputs):
+        return [API_ERROR] * len(inputs), [
+            {"error": "Input/output count mismatch", "case_index": i} for i in range(len(inputs))
+        ]
+    fn_name = in_outs.get("fn_name")
+    as_json = bool(fn_name) and language == "python"
+    base = generation + _CALL_WRAPPER.format(name=fn_name) if as_json else generation
+    workers = min(len(inputs), 32)
+    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="sandbox-case") as pool:
+        futures = [
+            pool.submit(
+                _check_case,
+                i,
+                stdin,
+                outputs[i],
+                sandbox_fusion_url,
+                base + ("\n\n" + asserts[i] if asserts[i] else ""),
+                timeout,
+                memory_limit_mb,
+                language,
+                concurrent_semaphore,
+                as_json,
+            )
+            for i, stdin in enumerate(inputs)
+        ]
+        graded = [future.result() for future in futures]
+    results, metadata = [grade for grade, _ in graded], [meta for _, meta in graded]
+    first = next((i for i, grade in enumerate(results) if grade == COMPILE_ERROR), None)
+    if first is not None:  # the program does not compile: no later case counts
+        for i in range(first + 1, len(results)):
+            results[i] = COMPILE_ERROR
+            metadata[i]["status"] = "compile_error"
+    return results, metadata
