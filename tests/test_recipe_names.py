@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import logging
 import os
 import time
 
@@ -240,7 +241,7 @@ def test_legacy_worker_methods_and_actor_internals_exist():
         assert callable(getattr(DataParallelPPOActor, name)), name
 
 
-def test_fsdp_wrap_policy_wraps_the_decoder_layers_and_weights_init_on_the_cpu():
+def test_fsdp_wrap_policy_wraps_the_decoder_layers_and_weights_init_on_the_cpu(caplog):
     from verl.utils.fsdp_utils import get_fsdp_wrap_policy, get_init_weight_context_manager
     from verl.utils.tiny_model import build_tiny_qwen2
 
@@ -252,5 +253,12 @@ def test_fsdp_wrap_policy_wraps_the_decoder_layers_and_weights_init_on_the_cpu()
     assert get_fsdp_wrap_policy(model, config={"disable": True}) is None
     with pytest.raises(NotImplementedError, match="min_num_params"):
         get_fsdp_wrap_policy(model, config={"min_num_params": 1000})
+    # a name that is not in the model is skipped, said once; none found is an error naming the classes
+    layer_name = type(layer).__name__
+    with caplog.at_level(logging.WARNING, logger="verl.utils.fsdp_utils"):
+        policy = get_fsdp_wrap_policy(model, config={"transformer_layer_cls_to_wrap": [layer_name, "GhostLayer"]})
+    assert policy(module=layer, recurse=False, nonwrapped_numel=0) and "['GhostLayer']" in caplog.text
+    with pytest.raises(ValueError, match=r"Could not find any of the transformer layer classes \['GhostLayer'\]"):
+        get_fsdp_wrap_policy(model, config={"transformer_layer_cls_to_wrap": ["GhostLayer"]})
     with get_init_weight_context_manager(use_meta_tensor=False)():
         assert torch.empty(1).device.type == "cpu"

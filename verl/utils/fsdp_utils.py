@@ -89,7 +89,18 @@ def get_fsdp_wrap_policy(module: torch.nn.Module, config: Any = None, is_lora: b
     names = set(decoder_layer_classes(module, config))
     classes = {type(m) for m in module.modules() if type(m).__name__ in names}
     if not classes:
-        raise ValueError(f"no decoder layer class of {type(module).__name__} to wrap (looked for {sorted(names)})")
+        raise ValueError(
+            f"Could not find any of the transformer layer classes {sorted(names)} in {type(module).__name__}: no "
+            "decoder layer to wrap (set fsdp_config.wrap_policy.transformer_layer_cls_to_wrap)"
+        )
+    missing = sorted(names - {cls.__name__ for cls in classes})
+    if missing:
+        logger.warning(
+            "FSDP wrap policy: layer classes %s are not in %s and are skipped; wrapping %s",
+            missing,
+            type(module).__name__,
+            sorted(cls.__name__ for cls in classes),
+        )
     return functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=classes)
 
 
