@@ -46,6 +46,7 @@ __all__ = [
     "samples_to_batch",
     "session_numbers",
     "sessions",
+    "trajectory_indices",
     "version_ranges",
 ]
 
@@ -122,10 +123,15 @@ def sessions(batch: DataProto) -> np.ndarray:
     return np.array([numbers.setdefault(key, len(numbers)) for key in keys], dtype=np.int64)
 
 
+def trajectory_indices(batch: DataProto) -> np.ndarray:
+    """Per row, its ``__trajectory_index__`` (0 for every row of a batch without the column)."""
+    index = batch.non_tensor_batch.get(TRAJECTORY_INDEX)
+    return np.zeros(len(batch), dtype=np.int64) if index is None else np.asarray(index, dtype=np.int64)
+
+
 def final_rows(batch: DataProto) -> np.ndarray:
     """The row of each session's final output (its highest ``__trajectory_index__``), in row order."""
-    index = batch.non_tensor_batch.get(TRAJECTORY_INDEX)
-    index = np.zeros(len(batch), dtype=np.int64) if index is None else np.asarray(index, dtype=np.int64)
+    index = trajectory_indices(batch)
     best: dict[int, tuple[int, int]] = {}
     for row, (session, i) in enumerate(zip(sessions(batch).tolist(), index.tolist(), strict=True)):
         if session not in best or best[session][0] < i:

@@ -259,8 +259,7 @@ class AgentLoopWorkerBase:
         for result in results[:-1]:  # veRL 0.10: the session's final reward is every output's
             result.reward_extra = dict(final.reward_extra)
             if final.reward is not None:
-                result.reward = torch.zeros_like(final.reward)
-                result.reward[0, max(sum(result.rows["response_valid"]) - 1, 0)] = final.reward.sum()
+                result.reward = _at_last_token(result, float(final.reward.sum()))
         return results
 
     async def _teacher_view(self, output: AgentLoopOutput, routing_key: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -283,10 +282,8 @@ class AgentLoopWorkerBase:
     async def _score(self, result: SampleResult, fields: dict[str, Any], scorer: _Scorer | None) -> None:
         """The sample's ``rm_scores`` row: the loop's ``reward_score`` at the last response token, else the reward
         function's (``scorer``: this batch's reward calls, run while other samples still generate)."""
-        valid = sum(result.rows["response_valid"])
         if result.output.reward_score is not None:
-            result.reward = torch.zeros((1, len(result.rows["responses"])), dtype=torch.float32)
-            result.reward[0, max(valid - 1, 0)] = float(result.output.reward_score)
+            result.reward = _at_last_token(result, float(result.output.reward_score))
             return
         if scorer is None:
             return
@@ -419,6 +416,13 @@ def _outputs_of(returned: Any, agent_name: str, loop: Any) -> list[AgentLoopOutp
             "a non-empty list of them"
         )
     return outputs
+
+
+def _at_last_token(result: SampleResult, score: float) -> torch.Tensor:
+    """A (1, response_length) reward row holding ``score`` at the sample's last response token."""
+    row = torch.zeros((1, len(result.rows["responses"])), dtype=torch.float32)
+    row[0, max(sum(result.rows["response_valid"]) - 1, 0)] = score
+    return row
 
 
 _UNATTRIBUTED: set[str] = set()  # loops already warned about (once per process)

@@ -95,8 +95,9 @@ class TrainerGeneration:
         if has_multi_outputs(greedy):  # a multi-output session's baseline is its final output's reward
             greedy = greedy.select_idxs(final_rows(greedy))
         scores = self._compute_or_extract_reward(greedy, self.reward_fn, sum_reward=True)
-        samples_per_prompt = (int(session_numbers(batch)[-1]) + 1) // len(prompts)
-        batch.batch["reward_baselines"] = scores[torch.as_tensor(session_numbers(batch) // samples_per_prompt)]
+        sessions = session_numbers(batch)
+        samples_per_prompt = (int(sessions[-1]) + 1) // len(prompts)
+        batch.batch["reward_baselines"] = scores[torch.as_tensor(sessions // samples_per_prompt)]
 
     def _step_uids(self, batch: DataProto, epoch: int, step: int | None = None) -> None:
         """Deterministic per-prompt ids from the dataset index (else the step's position) and the epoch."""

@@ -29,6 +29,7 @@ from verl.experimental.agent_loop.postprocess import (
     final_rows,
     session_numbers,
     sessions,
+    trajectory_indices,
 )
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import AdvantageEstimator
@@ -53,13 +54,7 @@ PADDING_COLUMN = "__padding__"
 
 def has_multi_outputs(batch: DataProto) -> bool:
     """Whether some sample of ``batch`` has more than one output row."""
-    index = batch.non_tensor_batch.get(TRAJECTORY_INDEX)
-    return index is not None and bool((np.asarray(index, dtype=np.int64) > 0).any())
-
-
-def _indices(batch: DataProto) -> np.ndarray:
-    index = batch.non_tensor_batch.get(TRAJECTORY_INDEX)
-    return np.zeros(len(batch), dtype=np.int64) if index is None else np.asarray(index, dtype=np.int64)
+    return bool((trajectory_indices(batch) > 0).any())
 
 
 def _session_ids(batch: DataProto) -> np.ndarray:
@@ -70,7 +65,7 @@ def _session_ids(batch: DataProto) -> np.ndarray:
 
 def trajectory_keys(batch: DataProto) -> list[str]:
     """veRL 0.10's ``{uid}_{session_id}_{index}`` of each row."""
-    uids, ids, index = batch.non_tensor_batch["uid"], _session_ids(batch), _indices(batch)
+    uids, ids, index = batch.non_tensor_batch["uid"], _session_ids(batch), trajectory_indices(batch)
     return [f"{u}_{s}_{i}" for u, s, i in zip(uids, ids, index, strict=True)]
 
 
